@@ -1,0 +1,51 @@
+"""sandbox_rt: ephemeral, hardened, network-isolated Linux sandboxes for LLM agents.
+
+>>> import sandbox_rt
+>>> mgr = sandbox_rt.Manager.from_env()
+>>> with mgr.create(cpus=1, memory_mb=512) as sb:
+...     print(sb.exec("echo hi").text)
+"""
+
+from .config import Settings
+from .errors import (
+    BackendError,
+    CommandTimeout,
+    ConfigError,
+    ConnectionLost,
+    ExecError,
+    FileOperationError,
+    HostKeyMismatch,
+    SandboxError,
+    SandboxNotFound,
+    SandboxNotReady,
+)
+from .manager import GcResult, Manager
+from .models import ExecResult, OutputChunk, ResourceUsage, SandboxRecord, SandboxSpec, SandboxStatus
+from .sandbox import ExecStream, Sandbox
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "CommandTimeout",
+    "ConfigError",
+    "ConnectionLost",
+    "ExecError",
+    "ExecResult",
+    "ExecStream",
+    "FileOperationError",
+    "GcResult",
+    "HostKeyMismatch",
+    "Manager",
+    "OutputChunk",
+    "ResourceUsage",
+    "Sandbox",
+    "SandboxError",
+    "SandboxNotFound",
+    "SandboxNotReady",
+    "SandboxRecord",
+    "SandboxSpec",
+    "SandboxStatus",
+    "Settings",
+    "__version__",
+]

@@ -1,0 +1,1 @@
+"""Container engines behind one Protocol (:class:`~sandbox_rt.backends.base.Backend`)."""

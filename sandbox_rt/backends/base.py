@@ -1,0 +1,68 @@
+"""The Protocol every container engine implements, and what it hands back."""
+
+from __future__ import annotations
+
+import builtins
+from typing import Protocol, runtime_checkable
+
+from ..models import ResourceUsage, SandboxRecord, SandboxSpec
+
+__all__ = ["Backend", "GcCandidate"]
+
+
+class GcCandidate:
+    """A sandbox (or the remains of one) that ``gc`` should remove, and why."""
+
+    __slots__ = ("reason", "sandbox_id")
+
+    def __init__(self, sandbox_id: str, reason: str) -> None:
+        self.sandbox_id = sandbox_id
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"GcCandidate({self.sandbox_id!r}, {self.reason!r})"
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A container engine: makes, starts, describes and removes sandboxes.
+
+    Create is split in steps so the manager can clean up after any of them:
+    ``begin`` (record the intent) → ``clone`` (copy the template, apply limits, address, host
+    key; returns the record) → ``start`` → [SSH by the manager] → ``end`` (forget the intent).
+    ``destroy`` is idempotent and removes everything ``clone``/``start`` made.
+    """
+
+    name: str
+
+    def begin(self, sandbox_id: str) -> None: ...
+
+    def end(self, sandbox_id: str) -> None: ...
+
+    def clone(self, sandbox_id: str, spec: SandboxSpec) -> SandboxRecord: ...
+
+    def start(self, sandbox_id: str) -> None: ...
+
+    def stop(self, sandbox_id: str) -> None: ...
+
+    def destroy(self, sandbox_id: str) -> bool:
+        """Remove the sandbox and all it holds; True if anything existed."""
+        ...
+
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        """The record of a sandbox; raises SandboxNotFound."""
+        ...
+
+    def list(self) -> builtins.list[SandboxRecord]: ...
+
+    def state(self, sandbox_id: str) -> str: ...
+
+    def uptime_s(self, sandbox_id: str) -> float | None: ...
+
+    def usage(self, sandbox_id: str) -> ResourceUsage: ...
+
+    def set_internet(self, record: SandboxRecord, enabled: bool) -> None: ...
+
+    def internet_enabled(self, record: SandboxRecord) -> bool: ...
+
+    def gc_candidates(self, *, now: float, dead_owners: bool) -> builtins.list[GcCandidate]: ...

@@ -1,0 +1,228 @@
+"""``sandbox-rt``: run a command in a fresh sandbox, or manage sandboxes by id.
+
+Progress goes to stderr (``-q`` silences it); ``--json`` prints machine-readable results on stdout.
+Exit codes: the command's own for ``run``/``exec``; 2 bad usage or input; 1 any other error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+from .errors import ConfigError, SandboxError
+from .manager import Manager
+from .models import SandboxRecord
+from .sandbox import Sandbox
+
+__all__ = ["main"]
+
+
+def _positive_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from exc
+
+
+def _labels(items: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"label {item!r} must be KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sandbox-rt", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"sandbox-rt {__version__}")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def spec_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--cpus", type=_positive_float, default=1.0)
+        sp.add_argument("--memory", type=int, default=1024, metavar="MB", help="memory limit in MiB")
+        sp.add_argument("--disk", type=int, default=8, metavar="GB")
+        sp.add_argument("--internet", action="store_true", help="allow HTTP/HTTPS to the internet")
+        sp.add_argument("--hostname")
+        sp.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+        sp.add_argument("--ttl", type=int, metavar="SECONDS", help="destroy by gc after this long")
+
+    run = sub.add_parser("run", help="create a sandbox, run CMD (streaming), destroy it")
+    spec_args(run)
+    run.add_argument("--timeout", type=_positive_float, help="command timeout in seconds")
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD")
+
+    create = sub.add_parser("create", help="create a sandbox and print its id")
+    spec_args(create)
+
+    ex = sub.add_parser("exec", help="run CMD in an existing sandbox")
+    ex.add_argument("id")
+    ex.add_argument("--timeout", type=_positive_float)
+    ex.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD")
+
+    ls = sub.add_parser("ls", help="list sandboxes")
+    ls.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+
+    st = sub.add_parser("status", help="state, limits and usage of a sandbox")
+    st.add_argument("id")
+
+    de = sub.add_parser("destroy", help="destroy sandboxes by id")
+    de.add_argument("ids", nargs="+", metavar="ID")
+
+    gc = sub.add_parser("gc", help="remove half-made, expired (and with --dead-owners orphaned) sandboxes")
+    gc.add_argument("--dead-owners", action="store_true", help="also those whose creating process died")
+    gc.add_argument("--dry-run", action="store_true")
+    return p
+
+
+def _command(words: Sequence[str]) -> list[str]:
+    words = list(words)
+    if words and words[0] == "--":
+        words = words[1:]
+    if not words:
+        raise ConfigError("no command given (usage: ... -- CMD [ARG ...])")
+    return words
+
+
+def _cmd_text(words: list[str]) -> str | list[str]:
+    """One word runs as shell text (``"echo $HOME"``); several are an exact argv."""
+    return words[0] if len(words) == 1 else words
+
+
+def _record_json(r: SandboxRecord) -> dict[str, Any]:
+    data = dataclasses.asdict(r)
+    data.pop("host_key", None)
+    return data
+
+
+class _Cli:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.started = time.monotonic()
+
+    def progress(self, msg: str) -> None:
+        if not self.args.quiet:
+            print(f"[{time.monotonic() - self.started:6.2f}s] {msg}", file=sys.stderr, flush=True)
+
+    def out(self, data: Any, text: str) -> None:
+        print(json.dumps(data, indent=1, default=str) if self.args.json else text, flush=True)
+
+    def _stream(self, sb: Sandbox, words: list[str], timeout: float | None) -> int:
+        stream = sb.exec_stream(_cmd_text(words), timeout=timeout)
+        if self.args.json:
+            result = stream.wait()
+            self.out(
+                {
+                    "id": sb.id,
+                    "exit_code": result.exit_code,
+                    "stdout": result.text,
+                    "stderr": result.stderr_text,
+                    "duration_s": result.duration_s,
+                },
+                "",
+            )
+            return result.exit_code
+        for chunk in stream:
+            target = sys.stdout.buffer if chunk.stream == "stdout" else sys.stderr.buffer
+            target.write(chunk.data)
+            target.flush()
+        assert stream.result is not None
+        return stream.result.exit_code
+
+    def _create(self, mgr: Manager) -> Sandbox:
+        a = self.args
+        return mgr.create(
+            cpus=a.cpus,
+            memory_mb=a.memory,
+            disk_gb=a.disk,
+            internet=a.internet,
+            hostname=a.hostname,
+            labels=_labels(a.label),
+            ttl_s=a.ttl,
+            progress=self.progress,
+        )
+
+    def run(self) -> int:
+        a = self.args
+        if a.cmd in ("run", "exec"):
+            words = _command(a.command)  # bad usage fails before any sandbox is made
+        mgr = Manager.from_env()
+        if a.cmd == "run":
+            with self._create(mgr) as sb:
+                code = self._stream(sb, words, a.timeout)
+                self.progress(f"destroying {sb.id}")
+            self.progress("done")
+            return code
+        if a.cmd == "create":
+            sb = self._create(mgr)
+            sb.close()
+            self.out(_record_json(sb.record), sb.id)
+            return 0
+        if a.cmd == "exec":
+            sb = mgr.attach(a.id)
+            try:
+                return self._stream(sb, words, a.timeout)
+            finally:
+                sb.close()
+        if a.cmd == "ls":
+            records = mgr.list(labels=_labels(a.label))
+            lines = [f"{'ID':16} {'IP':15} {'HOSTNAME':20} {'EXPIRES':20} LABELS"]
+            for r in records:
+                exp = (
+                    time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.expires_at)) if r.expires_at else "-"
+                )
+                labels = ",".join(f"{k}={v}" for k, v in sorted(r.spec.labels.items()))
+                lines.append(f"{r.id:16} {r.ip:15} {r.hostname:20} {exp:20} {labels}")
+            self.out([_record_json(r) for r in records], "\n".join(lines))
+            return 0
+        if a.cmd == "status":
+            sb = mgr.attach(a.id)
+            try:
+                status = dataclasses.asdict(sb.status())
+            finally:
+                sb.close()
+            self.out(status, "\n".join(f"{k}: {v}" for k, v in status.items()))
+            return 0
+        if a.cmd == "destroy":
+            for sid in a.ids:
+                mgr.destroy(sid)
+                self.progress(f"destroyed {sid}")
+            self.out({"destroyed": a.ids}, "")
+            return 0
+        if a.cmd == "gc":
+            removed = mgr.gc(dead_owners=a.dead_owners, dry_run=a.dry_run)
+            verb = "would remove" if a.dry_run else "removed"
+            self.out(
+                [dataclasses.asdict(r) for r in removed],
+                "\n".join(f"{verb} {r.sandbox_id}: {r.reason}" for r in removed) or "nothing to collect",
+            )
+            return 0
+        raise ConfigError(f"unknown command {a.cmd!r}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _Cli(args).run()
+    except ConfigError as exc:
+        print(f"sandbox-rt: error: {exc}", file=sys.stderr)
+        return 2
+    except SandboxError as exc:
+        print(f"sandbox-rt: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("sandbox-rt: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Typed runtime settings: the host contract file (``/etc/sandbox_rt/host.json``) plus env overrides.
+
+Validated at the edge: a bad value raises :class:`~sandbox_rt.errors.ConfigError` naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["DEFAULT_HOST_CONFIG", "Settings"]
+
+DEFAULT_HOST_CONFIG = Path("/etc/sandbox_rt/host.json")
+ENV_PREFIX = "SANDBOX_RT_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Where the sandboxes live and how to reach them. Field names match ``host.json`` keys."""
+
+    backend: str = "lxc"
+    lxc_path: Path = Path("/var/lib/sandbox_rt/lxc")
+    template: str = "sandbox-template"
+    bridge: str = "vmbr1"
+    network_cidr: str = "10.99.0.0/16"
+    gateway: str = "10.99.0.1"
+    dns_server: str = "10.99.0.1"
+    ip_pool_start: str = "10.99.1.0"
+    ip_pool_end: str = "10.99.255.254"
+    ssh_user: str = "sandbox"
+    ssh_key: Path = Path("/etc/sandbox_rt/ssh/id_ed25519")
+    nft_family: str = "inet"
+    nft_table: str = "sandbox"
+    nft_internet_set: str = "internet_allowed"
+    idmap_base: int = 100000
+    idmap_size: int = 65536
+    ssh_ready_timeout_s: float = 30.0
+    command_timeout_s: float = 300.0
+    default_ttl_s: int = 3600
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- loading ---------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: Path | str | None = None, env: dict[str, str] | None = None) -> Settings:
+        """Read ``host.json`` (``$SANDBOX_RT_CONFIG`` or the default path) and apply env overrides.
+
+        A missing file is fine (defaults apply); an unreadable or malformed one is a ConfigError.
+        """
+        env = dict(os.environ if env is None else env)
+        file = Path(path or env.get(ENV_PREFIX + "CONFIG") or DEFAULT_HOST_CONFIG)
+        values: dict[str, Any] = {}
+        if file.exists():
+            try:
+                values = json.loads(file.read_text())
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"cannot read runtime config {file}: {exc}") from exc
+            if not isinstance(values, dict):
+                raise ConfigError(f"runtime config {file} must hold a JSON object")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise ConfigError(f"unknown key(s) in {file}: {', '.join(unknown)}")
+        for name in fields:
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None:
+                values[name] = raw
+        return cls(**{k: _coerce(fields[k], k, v) for k, v in values.items()})
+
+    # -- validation ------------------------------------------------------------------------------
+    def validate(self) -> None:
+        try:
+            net = ipaddress.IPv4Network(self.network_cidr)
+        except ValueError as exc:
+            raise ConfigError(f"network_cidr={self.network_cidr!r} is not an IPv4 network: {exc}") from exc
+        for name in ("gateway", "dns_server", "ip_pool_start", "ip_pool_end"):
+            value = getattr(self, name)
+            try:
+                addr = ipaddress.IPv4Address(value)
+            except ValueError as exc:
+                raise ConfigError(f"{name}={value!r} is not an IPv4 address") from exc
+            if addr not in net:
+                raise ConfigError(f"{name}={value} is not inside network_cidr={net}")
+        if ipaddress.IPv4Address(self.ip_pool_start) > ipaddress.IPv4Address(self.ip_pool_end):
+            raise ConfigError(f"ip_pool_start={self.ip_pool_start} is after ip_pool_end={self.ip_pool_end}")
+        if self.backend not in ("lxc", "proxmox"):
+            raise ConfigError(f"backend={self.backend!r} must be 'lxc' or 'proxmox'")
+        for name in ("ssh_ready_timeout_s", "command_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0")
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(self.network_cidr)
+
+
+def _coerce(field: dataclasses.Field[Any], name: str, value: Any) -> Any:
+    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    try:
+        if kind == "Path":
+            return Path(value)
+        if kind == "int":
+            return int(value)
+        if kind == "float":
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}={value!r} is not a valid {kind}") from exc

@@ -1,0 +1,97 @@
+"""One exception tree for everything the runtime raises.
+
+Every public call of :mod:`sandbox_rt` raises a :class:`SandboxError` subclass or nothing: callers
+catch one type. Messages name the bad value or the failing step and, for commands, show the tail of
+their output (never secrets).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "CommandTimeout",
+    "ConfigError",
+    "ConnectionLost",
+    "ExecError",
+    "FileOperationError",
+    "HostKeyMismatch",
+    "SandboxError",
+    "SandboxNotFound",
+    "SandboxNotReady",
+]
+
+
+def output_tail(data: bytes | str, limit: int = 2000) -> str:
+    """The last ``limit`` characters of some output, decoded leniently, for error messages."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+class SandboxError(Exception):
+    """Base of every error the runtime raises."""
+
+
+class ConfigError(SandboxError, ValueError):
+    """A setting or an argument is invalid; raised before anything is changed."""
+
+
+class BackendError(SandboxError):
+    """The container engine (LXC, Proxmox) failed at a step; the message says which and why."""
+
+    def __init__(self, message: str, *, step: str = "", detail: str = "") -> None:
+        self.step = step
+        self.detail = detail
+        full = f"{step}: {message}" if step else message
+        if detail:
+            full += f"\n--- output (tail) ---\n{output_tail(detail)}"
+        super().__init__(full)
+
+
+class SandboxNotFound(SandboxError, LookupError):
+    """No sandbox with that id exists (or it was destroyed)."""
+
+    def __init__(self, sandbox_id: str) -> None:
+        self.sandbox_id = sandbox_id
+        super().__init__(f"no sandbox with id {sandbox_id!r}")
+
+
+class SandboxNotReady(SandboxError):
+    """The sandbox did not become reachable (SSH) within the allowed time."""
+
+
+class ConnectionLost(SandboxError):
+    """The SSH connection to a sandbox failed or dropped."""
+
+
+class HostKeyMismatch(ConnectionLost):
+    """The sandbox presented an SSH host key other than the one pinned for it."""
+
+
+class FileOperationError(SandboxError, OSError):
+    """A file operation inside the sandbox failed (missing file, permission denied, ...)."""
+
+
+class ExecError(SandboxError):
+    """A command exited non-zero and the caller asked for ``check=True``."""
+
+    def __init__(self, command: str, exit_code: int, stdout: bytes, stderr: bytes) -> None:
+        self.command = command
+        self.exit_code = exit_code
+        self.stdout = stdout
+        self.stderr = stderr
+        tail = output_tail(stderr or stdout)
+        super().__init__(f"command {command!r} exited {exit_code}\n--- output (tail) ---\n{tail}")
+
+
+class CommandTimeout(SandboxError, TimeoutError):
+    """A command ran past its timeout; its whole process group was killed.
+
+    ``stdout`` and ``stderr`` hold what it printed until then.
+    """
+
+    def __init__(self, command: str, timeout: float, stdout: bytes, stderr: bytes) -> None:
+        self.command = command
+        self.timeout = timeout
+        self.stdout = stdout
+        self.stderr = stderr
+        super().__init__(f"command {command!r} timed out after {timeout:g} s (process group killed)")

@@ -1,0 +1,176 @@
+"""The entry point: create, attach, list, destroy and garbage-collect sandboxes."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import paramiko
+
+from .backends.base import Backend
+from .config import Settings
+from .errors import ConfigError, SandboxError, SandboxNotFound
+from .models import SandboxRecord
+from .sandbox import Sandbox
+from .ssh import SSHExecutor, load_private_key, parse_public_key
+from .validation import check_sandbox_id, make_spec
+
+__all__ = ["GcResult", "Manager", "new_sandbox_id"]
+
+Progress = Callable[[str], None]
+
+
+def new_sandbox_id() -> str:
+    return "sbx-" + secrets.token_hex(5)
+
+
+@dataclasses.dataclass(frozen=True)
+class GcResult:
+    """One sandbox (or remains of one) that ``gc`` removed, and why."""
+
+    sandbox_id: str
+    reason: str
+
+
+def _make_backend(settings: Settings) -> Backend:
+    if settings.backend == "lxc":
+        from .backends.lxc import LxcBackend
+
+        return LxcBackend(settings)
+    raise ConfigError(f"backend {settings.backend!r} is not available in this build")
+
+
+class Manager:
+    """Makes and finds sandboxes on one backend.
+
+    ``Manager.from_env()`` reads ``/etc/sandbox_rt/host.json`` (written by site.yml) and
+    ``SANDBOX_RT_*`` environment overrides.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        backend: Backend | None = None,
+        ssh_key: paramiko.PKey | Path | str | None = None,
+    ) -> None:
+        self.settings = settings or Settings.load()
+        self.backend = backend or _make_backend(self.settings)
+        if isinstance(ssh_key, paramiko.PKey):
+            self._key: paramiko.PKey | None = ssh_key
+            self._key_path: Path | None = None
+        else:
+            self._key = None
+            self._key_path = Path(ssh_key) if ssh_key is not None else self.settings.ssh_key
+
+    @classmethod
+    def from_env(cls) -> Manager:
+        return cls(Settings.load())
+
+    @property
+    def key(self) -> paramiko.PKey:
+        if self._key is None:
+            assert self._key_path is not None
+            self._key = load_private_key(self._key_path)
+        return self._key
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def create(
+        self,
+        *,
+        hostname: str | None = None,
+        cpus: float = 1,
+        memory_mb: int = 1024,
+        disk_gb: int = 8,
+        pids_max: int = 1024,
+        internet: bool = False,
+        labels: Mapping[str, str] | None = None,
+        ttl_s: int | None = None,
+        progress: Progress | None = None,
+    ) -> Sandbox:
+        """Clone the template, apply limits, start, connect; all or nothing.
+
+        Any failure after the clone destroys what was made (container, address, nft element)
+        before the error is raised.
+        """
+        spec = make_spec(
+            hostname=hostname,
+            cpus=cpus,
+            memory_mb=memory_mb,
+            disk_gb=disk_gb,
+            pids_max=pids_max,
+            internet=internet,
+            labels=labels,
+            ttl_s=ttl_s if ttl_s is not None else self.settings.default_ttl_s,
+        )
+        key = self.key  # fail on a missing key before anything is made
+        say = progress or (lambda _msg: None)
+        sandbox_id = new_sandbox_id()
+        backend = self.backend
+        backend.begin(sandbox_id)
+        try:
+            t0 = time.monotonic()
+            say(f"cloning {self.settings.template} -> {sandbox_id}")
+            record = backend.clone(sandbox_id, spec)
+            say(f"starting {sandbox_id} at {record.ip}")
+            backend.start(sandbox_id)
+            if spec.internet:
+                backend.set_internet(record, True)
+            say("waiting for SSH")
+            sandbox = self._connect(record, key)
+            say(f"ready in {time.monotonic() - t0:.2f} s")
+            return sandbox
+        except BaseException as exc:
+            try:
+                backend.destroy(sandbox_id)
+            except Exception as cleanup_exc:  # keep the original error; note the cleanup failure
+                exc.add_note(f"cleanup of {sandbox_id} also failed: {cleanup_exc}")
+            raise
+        finally:
+            backend.end(sandbox_id)
+
+    def _connect(self, record: SandboxRecord, key: paramiko.PKey) -> Sandbox:
+        executor = SSHExecutor(
+            record.ip, user=self.settings.ssh_user, key=key, host_key=parse_public_key(record.host_key)
+        )
+        executor.connect(self.settings.ssh_ready_timeout_s)
+        return Sandbox(record, self.backend, executor, self.settings.command_timeout_s)
+
+    def attach(self, sandbox_id: str) -> Sandbox:
+        """Reconnect to an existing sandbox by id (from this or another process)."""
+        check_sandbox_id(sandbox_id)
+        record = self.backend.get(sandbox_id)
+        state = self.backend.state(sandbox_id)
+        if state != "running":
+            raise SandboxError(f"sandbox {sandbox_id} is {state}, not running")
+        return self._connect(record, self.key)
+
+    def destroy(self, sandbox_id: str) -> None:
+        """Destroy a sandbox by id; SandboxNotFound if there is none."""
+        check_sandbox_id(sandbox_id)
+        if not self.backend.destroy(sandbox_id):
+            raise SandboxNotFound(sandbox_id)
+
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        return self.backend.get(check_sandbox_id(sandbox_id))
+
+    def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxRecord]:
+        """Sandboxes on this backend, optionally only those carrying all of ``labels``."""
+        want = dict(labels or {})
+        return [r for r in self.backend.list() if all(r.spec.labels.get(k) == v for k, v in want.items())]
+
+    def gc(self, *, dead_owners: bool = False, dry_run: bool = False) -> builtins.list[GcResult]:
+        """Remove leftovers: half-made sandboxes of crashed callers, expired ones and, with
+        ``dead_owners``, those whose creating process is gone. Touches only the product's own."""
+        out: builtins.list[GcResult] = []
+        for cand in self.backend.gc_candidates(now=time.time(), dead_owners=dead_owners):
+            if not dry_run:
+                with contextlib.suppress(SandboxNotFound):
+                    self.backend.destroy(cand.sandbox_id)
+            out.append(GcResult(cand.sandbox_id, cand.reason))
+        return out

@@ -1,0 +1,105 @@
+"""Value objects the public API returns or takes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+__all__ = [
+    "ExecResult",
+    "OutputChunk",
+    "ResourceUsage",
+    "SandboxRecord",
+    "SandboxSpec",
+    "SandboxStatus",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecResult:
+    """What a finished command gave: its output, exit code and wall time."""
+
+    command: str
+    stdout: bytes
+    stderr: bytes
+    exit_code: int
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def text(self) -> str:
+        """stdout decoded as UTF-8 (undecodable bytes replaced)."""
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def stderr_text(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputChunk:
+    """A piece of a running command's output, as :meth:`Sandbox.exec_stream` yields it."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxSpec:
+    """The validated request for a new sandbox."""
+
+    hostname: str | None = None
+    cpus: float = 1.0
+    memory_mb: int = 1024
+    disk_gb: int = 8
+    pids_max: int = 1024
+    internet: bool = False
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    ttl_s: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxRecord:
+    """What a backend knows about one sandbox, enough to reach it again (``attach``)."""
+
+    id: str
+    hostname: str
+    ip: str
+    host_key: str  # "ssh-ed25519 AAAA..." pinned at creation
+    spec: SandboxSpec
+    created_at: float
+    expires_at: float | None
+    owner_pid: int
+    owner_host: str
+    backend: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ResourceUsage:
+    """Resources a sandbox uses now, read from the host's cgroups."""
+
+    memory_bytes: int | None = None
+    memory_peak_bytes: int | None = None
+    cpu_time_s: float | None = None
+    pids: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxStatus:
+    """``Sandbox.status()``: state, configured limits, address, uptime and usage."""
+
+    id: str
+    state: str  # "running", "stopped", ...
+    ip: str
+    hostname: str
+    cpus: float
+    memory_mb: int
+    disk_gb: int
+    internet: bool
+    uptime_s: float | None
+    usage: ResourceUsage
+    labels: dict[str, str]
+    expires_at: float | None

@@ -1,0 +1,306 @@
+"""One running sandbox: commands, files, internet, status, destroy."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import shlex
+import stat
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import ConfigError, ExecError, FileOperationError, SandboxError
+from .models import ExecResult, OutputChunk, SandboxRecord, SandboxStatus
+from .ssh import RawResult, SSHExecutor
+from .validation import check_env, check_remote_path, check_timeout
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
+
+__all__ = ["ExecStream", "Sandbox"]
+
+Command = str | Sequence[str]
+
+
+def _command_text(command: Command) -> str:
+    """A string runs in the sandbox's bash as written; a list is quoted exactly, word by word."""
+    if isinstance(command, str):
+        if not command.strip():
+            raise ConfigError("command is empty")
+        if "\x00" in command:
+            raise ConfigError(f"command {command[:60]!r} contains a NUL byte")
+        return command
+    if isinstance(command, bytes) or not isinstance(command, Sequence) or not command:
+        raise ConfigError(f"command {command!r} must be a non-empty string or list of strings")
+    words = list(command)
+    for w in words:
+        if not isinstance(w, str) or "\x00" in w:
+            raise ConfigError(f"argument {w!r} must be a string without NUL bytes")
+    return shlex.join(words)
+
+
+class ExecStream:
+    """Iterate to get :class:`OutputChunk` s as the command prints them; ``result`` when done."""
+
+    def __init__(self, chunks: Iterator[OutputChunk | RawResult], command: str, check: bool) -> None:
+        self._chunks = chunks
+        self._command = command
+        self._check = check
+        self._started = time.monotonic()
+        self.result: ExecResult | None = None
+
+    def __iter__(self) -> Iterator[OutputChunk]:
+        for item in self._chunks:
+            if isinstance(item, OutputChunk):
+                yield item
+            else:
+                self.result = ExecResult(
+                    self._command, item.stdout, item.stderr, item.exit_code, time.monotonic() - self._started
+                )
+                if self._check and item.exit_code != 0:
+                    raise ExecError(self._command, item.exit_code, item.stdout, item.stderr)
+
+    def wait(self) -> ExecResult:
+        """Consume the rest of the output and return the result."""
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+
+class Sandbox:
+    """A sandbox the caller holds. Use it as a context manager: leaving the block destroys it."""
+
+    def __init__(
+        self, record: SandboxRecord, backend: Backend, executor: SSHExecutor, default_timeout_s: float
+    ) -> None:
+        self.record = record
+        self._backend = backend
+        self._ssh = executor
+        self._default_timeout = default_timeout_s
+        self._destroyed = False
+        self._lock = threading.Lock()
+
+    # -- identity --------------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def hostname(self) -> str:
+        return self.record.hostname
+
+    @property
+    def ip(self) -> str:
+        return self.record.ip
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self.record.spec.labels)
+
+    @property
+    def expires_at(self) -> float | None:
+        return self.record.expires_at
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id} {self.ip} backend={self.record.backend}>"
+
+    # -- commands --------------------------------------------------------------------------------
+    def _timeout(self, timeout: float | None) -> float:
+        t = check_timeout(timeout)
+        return self._default_timeout if t is None else t
+
+    def exec(
+        self,
+        command: Command,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        check: bool = False,
+    ) -> ExecResult:
+        """Run a command as the sandbox user and wait for it.
+
+        A non-zero exit is a result (``exit_code``), unless ``check=True`` (then ExecError).
+        On timeout the whole process group is killed and CommandTimeout carries the output so far.
+        Background processes (``cmd &``) keep running and do not hold the call.
+        """
+        text, t, cwd_, env_, data = self._prepare(command, timeout, cwd, env, stdin)
+        started = time.monotonic()
+        raw = self._ssh.run(text, timeout=t, cwd=cwd_, env=env_, stdin=data)
+        result = ExecResult(text, raw.stdout, raw.stderr, raw.exit_code, time.monotonic() - started)
+        if check and result.exit_code != 0:
+            raise ExecError(text, result.exit_code, result.stdout, result.stderr)
+        return result
+
+    def exec_stream(
+        self,
+        command: Command,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        check: bool = False,
+    ) -> ExecStream:
+        """Like :meth:`exec`, but yields output chunks while the command runs."""
+        text, t, cwd_, env_, data = self._prepare(command, timeout, cwd, env, stdin)
+        return ExecStream(self._ssh.stream(text, timeout=t, cwd=cwd_, env=env_, stdin=data), text, check)
+
+    def _prepare(
+        self,
+        command: Command,
+        timeout: float | None,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        stdin: bytes | str | None,
+    ) -> tuple[str, float, str | None, dict[str, str], bytes | None]:
+        self._check_alive()
+        text = _command_text(command)
+        t = self._timeout(timeout)
+        if cwd is not None:
+            check_remote_path(cwd, "cwd")
+        if stdin is not None and not isinstance(stdin, bytes | str):
+            raise ConfigError(f"stdin must be bytes or str, not {type(stdin).__name__}")
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        return text, t, cwd, check_env(env), data
+
+    # -- files -----------------------------------------------------------------------------------
+    def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
+        """Write ``data`` to ``path`` (parent directories are created), as the sandbox user."""
+        self._check_alive()
+        check_remote_path(path)
+        if not isinstance(data, bytes | str):
+            raise ConfigError(f"data must be bytes or str, not {type(data).__name__}")
+        parent = posixpath.dirname(path)
+        if parent and parent != "/" and self._ssh.stat(parent) is None:
+            self._ssh.makedirs(parent)
+        self._ssh.write_bytes(path, data.encode() if isinstance(data, str) else data, mode)
+
+    def read_file(self, path: str) -> bytes:
+        self._check_alive()
+        return self._ssh.read_bytes(check_remote_path(path))
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        return self.read_file(path).decode(encoding, "replace")
+
+    def upload(self, local: str | os.PathLike[str], remote: str) -> int:
+        """Copy a local file or directory tree to ``remote``; returns bytes sent. Streams, never slurps."""
+        self._check_alive()
+        check_remote_path(remote, "remote")
+        src = Path(local)
+        if not src.exists():
+            raise ConfigError(f"local path {str(src)!r} does not exist")
+        total = 0
+        if src.is_dir():
+            self._ssh.makedirs(remote)
+            for root, dirs, files in os.walk(src):
+                rel = Path(root).relative_to(src)
+                target_dir = posixpath.join(remote, rel.as_posix()) if str(rel) != "." else remote
+                for d in sorted(dirs):
+                    self._ssh.makedirs(posixpath.join(target_dir, d))
+                for f in sorted(files):
+                    total += self._upload_file(Path(root) / f, posixpath.join(target_dir, f))
+            return total
+        parent = posixpath.dirname(remote)
+        if parent and parent != "/" and self._ssh.stat(parent) is None:
+            self._ssh.makedirs(parent)
+        return self._upload_file(src, remote)
+
+    def _upload_file(self, src: Path, remote: str) -> int:
+        with src.open("rb") as fh:
+            return self._ssh.put_stream(fh, remote, stat.S_IMODE(src.stat().st_mode))
+
+    def download(self, remote: str, local: str | os.PathLike[str]) -> int:
+        """Copy a file or directory tree from the sandbox to ``local``; returns bytes received."""
+        self._check_alive()
+        check_remote_path(remote, "remote")
+        dst = Path(local)
+        attrs = self._ssh.stat(remote)
+        if attrs is None:
+            raise FileOperationError(2, "download: no such file in the sandbox", remote)
+        if stat.S_ISDIR(attrs.st_mode or 0):
+            return self._download_dir(remote, dst)
+        return self._download_file(remote, dst)
+
+    def _download_file(self, remote: str, dst: Path) -> int:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(dst.name + ".part")
+        try:
+            with tmp.open("wb") as fh:
+                n = self._ssh.get_stream(remote, fh)
+            tmp.replace(dst)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        return n
+
+    def _download_dir(self, remote: str, dst: Path) -> int:
+        dst.mkdir(parents=True, exist_ok=True)
+        total = 0
+        for entry in self._ssh.listdir(remote):
+            child = posixpath.join(remote, entry.filename)
+            mode = entry.st_mode or 0
+            if stat.S_ISDIR(mode):
+                total += self._download_dir(child, dst / entry.filename)
+            elif stat.S_ISREG(mode):
+                total += self._download_file(child, dst / entry.filename)
+        return total
+
+    # -- network, state --------------------------------------------------------------------------
+    def set_internet(self, enabled: bool) -> None:
+        """Allow (True) or forbid (False) this sandbox's traffic to the internet (HTTP/HTTPS)."""
+        self._check_alive()
+        if not isinstance(enabled, bool):
+            raise ConfigError(f"enabled={enabled!r} must be True or False")
+        self._backend.set_internet(self.record, enabled)
+
+    def status(self) -> SandboxStatus:
+        spec = self.record.spec
+        state = self._backend.state(self.id)
+        running = state == "running"
+        return SandboxStatus(
+            id=self.id,
+            state=state,
+            ip=self.ip,
+            hostname=self.hostname,
+            cpus=spec.cpus,
+            memory_mb=spec.memory_mb,
+            disk_gb=spec.disk_gb,
+            internet=running and self._backend.internet_enabled(self.record),
+            uptime_s=self._backend.uptime_s(self.id) if running else None,
+            usage=self._backend.usage(self.id),
+            labels=dict(spec.labels),
+            expires_at=self.record.expires_at,
+        )
+
+    def is_connected(self) -> bool:
+        return not self._destroyed and self._ssh.is_connected()
+
+    def close(self) -> None:
+        """Drop the SSH connection; the sandbox keeps running (see :meth:`destroy`)."""
+        self._ssh.close()
+
+    def destroy(self) -> None:
+        """Stop and remove the sandbox and everything it holds. Idempotent."""
+        with self._lock:
+            if self._destroyed:
+                return
+            self._ssh.close()
+            self._backend.destroy(self.id)
+            self._destroyed = True
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise SandboxError(f"sandbox {self.id} was destroyed")
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()

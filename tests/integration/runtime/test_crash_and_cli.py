@@ -1,0 +1,87 @@
+"""A caller killed at any step of create leaves nothing gc does not remove; the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from sandbox_rt import Manager
+
+CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    import sandbox_rt
+    step = sys.argv[1]
+    def progress(msg):
+        if msg.startswith(step):
+            os.kill(os.getpid(), signal.SIGKILL)
+    sandbox_rt.Manager.from_env().create(labels={"test-session": "crash"}, progress=progress)
+    """
+)
+
+
+@pytest.mark.parametrize("step", ["cloning", "starting", "waiting for SSH", "ready"])
+def test_sigkill_during_create_then_gc_removes_everything(manager: Manager, step: str) -> None:
+    before = {p.name for p in manager.settings.lxc_path.iterdir()}
+    proc = subprocess.run([sys.executable, "-c", CHILD, step], capture_output=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    after = {p.name for p in manager.settings.lxc_path.iterdir()}
+    leftovers = after - before
+    if step != "cloning":  # killed after the clone: something is left for gc to find
+        assert leftovers, "the child was killed after cloning, so a container must be left"
+    removed = {r.sandbox_id for r in manager.gc()}
+    assert leftovers <= removed
+    assert {p.name for p in manager.settings.lxc_path.iterdir()} - before == set()
+    intents = manager.settings.lxc_path / ".runtime" / "creating"
+    assert not any(intents.glob("*.json")) or all(
+        json.loads(f.read_text())["pid"] == os.getpid() for f in intents.glob("*.json")
+    )
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sandbox_rt.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_cli_run_returns_the_commands_exit_code(manager: Manager) -> None:
+    before = {r.id for r in manager.list()}
+    r = _cli("run", "--memory", "256", "--", "echo hello from $(hostname); exit 5")
+    assert r.returncode == 5, r.stderr
+    assert r.stdout.startswith("hello from sbx-")
+    assert "waiting for SSH" in r.stderr  # progress on stderr
+    assert {x.id for x in manager.list()} == before  # run destroys its sandbox
+    q = _cli("-q", "run", "--", "uname", "-s")
+    assert q.returncode == 0 and q.stdout == "Linux\n" and q.stderr == ""
+
+
+def test_cli_create_exec_ls_status_destroy(manager: Manager) -> None:
+    c = _cli("--json", "-q", "create", "--label", "test-session=cli", "--memory", "256")
+    assert c.returncode == 0, c.stderr
+    sid = json.loads(c.stdout)["id"]
+    try:
+        e = _cli("exec", sid, "--", "echo", "a b")
+        assert e.returncode == 0 and e.stdout == "a b\n"
+        ls = json.loads(_cli("--json", "ls", "--label", "test-session=cli").stdout)
+        assert [x["id"] for x in ls] == [sid] and "host_key" not in ls[0]
+        st = json.loads(_cli("--json", "status", sid).stdout)
+        assert st["state"] == "running" and st["memory_mb"] == 256
+    finally:
+        d = _cli("destroy", sid)
+    assert d.returncode == 0
+    again = _cli("destroy", sid)
+    assert again.returncode == 1 and "SandboxNotFound" in again.stderr
+
+
+def test_cli_bad_input_is_a_usage_error_and_makes_nothing(manager: Manager) -> None:
+    before = {p.name for p in manager.settings.lxc_path.iterdir()}
+    for args in (["run", "--memory", "10", "--", "true"], ["run"], ["exec", "not-an-id", "--", "true"]):
+        r = _cli(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "Traceback" not in r.stderr
+    assert {p.name for p in manager.settings.lxc_path.iterdir()} == before

@@ -1,0 +1,194 @@
+"""Issue 4's definition of done, each shown on real LXC containers reached over real SSH."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import sandbox_rt
+from sandbox_rt import CommandTimeout, ExecError, Manager, SandboxNotFound
+
+
+def test_create_exec_destroy(manager: Manager, make) -> None:  # type: ignore[no-untyped-def]
+    sb = make(memory_mb=256)
+    r = sb.exec("echo hi")
+    assert (r.stdout, r.stderr, r.exit_code) == (b"hi\n", b"", 0)
+    assert r.duration_s > 0
+    cdir = manager.settings.lxc_path / sb.id
+    assert cdir.is_dir()
+    sb.destroy()
+    assert not cdir.exists()
+    assert sb.id not in {x.id for x in manager.list()}
+    sb.destroy()  # idempotent
+
+
+def test_exit_code_and_separate_streams(sandbox: sandbox_rt.Sandbox) -> None:
+    r = sandbox.exec("echo out; echo err >&2; exit 3")
+    assert r.exit_code == 3 and r.stdout == b"out\n" and r.stderr == b"err\n"
+    with pytest.raises(ExecError) as err:
+        sandbox.exec("echo boom >&2; exit 4", check=True)
+    assert err.value.exit_code == 4 and "boom" in str(err.value)
+
+
+def test_argv_cwd_env_stdin(sandbox: sandbox_rt.Sandbox) -> None:
+    assert sandbox.exec(["printf", "%s|", "a b", "$HOME", "'q'"]).stdout == b"a b|$HOME|'q'|"
+    r = sandbox.exec("pwd; echo \"$FOO\"", cwd="/tmp", env={"FOO": "bar baz"})
+    assert r.stdout == b"/tmp\nbar baz\n"
+    assert sandbox.exec("cat", stdin=b"\x00binary\xff").stdout == b"\x00binary\xff"
+    assert sandbox.exec("id -un").stdout == b"sandbox\n"
+
+
+def test_large_binary_roundtrip(sandbox: sandbox_rt.Sandbox, tmp_path: Path) -> None:
+    data = os.urandom(50 * 1024 * 1024)
+    src = tmp_path / "blob"
+    src.write_bytes(data)
+    assert sandbox.upload(src, "/tmp/in/blob") == len(data)
+    remote_sum = sandbox.exec("sha256sum /tmp/in/blob").stdout.split()[0].decode()
+    assert remote_sum == hashlib.sha256(data).hexdigest()
+    dst = tmp_path / "back"
+    assert sandbox.download("/tmp/in/blob", dst) == len(data)
+    assert dst.read_bytes() == data
+    sandbox.write_file("/tmp/wf.bin", data)
+    assert sandbox.read_file("/tmp/wf.bin") == data
+
+
+def test_directory_upload_download(sandbox: sandbox_rt.Sandbox, tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "a" / "b").mkdir(parents=True)
+    (tree / "top.txt").write_text("top")
+    (tree / "a" / "b" / "deep.bin").write_bytes(b"\x00\x01\x02")
+    sandbox.upload(tree, "/home/sandbox/tree")
+    assert sandbox.read_file("/home/sandbox/tree/a/b/deep.bin") == b"\x00\x01\x02"
+    out = tmp_path / "out"
+    sandbox.download("/home/sandbox/tree", out)
+    assert (out / "top.txt").read_text() == "top"
+    assert (out / "a" / "b" / "deep.bin").read_bytes() == b"\x00\x01\x02"
+
+
+def test_file_errors_are_typed(sandbox: sandbox_rt.Sandbox) -> None:
+    with pytest.raises(sandbox_rt.FileOperationError):
+        sandbox.read_file("/nonexistent/file")
+    with pytest.raises(sandbox_rt.FileOperationError):
+        sandbox.write_file("/etc/shadow-new", b"x")  # the sandbox user may not write /etc
+    with pytest.raises(sandbox_rt.ConfigError):
+        sandbox.read_file("relative/path")
+
+
+def test_timeout_kills_the_process_group(sandbox: sandbox_rt.Sandbox) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(CommandTimeout) as err:
+        sandbox.exec("echo started; sleep 100; echo never", timeout=2)
+    assert time.monotonic() - t0 < 3
+    assert err.value.stdout == b"started\n"
+    ps = sandbox.exec("ps -eo args").text
+    assert "sleep 100" not in ps
+
+
+def test_background_command_returns_at_once(sandbox: sandbox_rt.Sandbox) -> None:
+    t0 = time.monotonic()
+    r = sandbox.exec("sleep 100 &")
+    assert r.exit_code == 0 and time.monotonic() - t0 < 2
+    t0 = time.monotonic()
+    r = sandbox.exec("nohup sleep 100 >/dev/null 2>&1 & echo started")
+    assert r.stdout == b"started\n" and time.monotonic() - t0 < 2
+    assert "sleep 100" in sandbox.exec("ps -eo args").text
+
+
+def test_stream_yields_before_the_command_ends(sandbox: sandbox_rt.Sandbox) -> None:
+    t0 = time.monotonic()
+    stream = sandbox.exec_stream("for i in 1 2 3; do echo $i; sleep 1; done")
+    first = next(iter(stream))
+    first_at = time.monotonic() - t0
+    assert first.stream == "stdout" and first.data == b"1\n"
+    assert first_at < 1.5  # the command needs ~3 s in all
+    rest = b"".join(c.data for c in stream)
+    assert rest == b"2\n3\n" and stream.result is not None and stream.result.exit_code == 0
+
+
+def test_memory_limit_oom_kills_inside(make) -> None:  # type: ignore[no-untyped-def]
+    sb = make(memory_mb=256)
+    r = sb.exec("python3 -c 'b = bytearray(1 << 30); print(len(b))'", timeout=60)
+    assert r.exit_code == 137 and b"1073741824" not in r.stdout
+    assert b"setsid" not in r.stderr  # no wrapper noise in the output
+    assert sb.exec("echo alive").stdout == b"alive\n"
+    assert sb.status().state == "running"
+
+
+def test_pids_limit_holds_against_a_bounded_fork_bomb(make) -> None:  # type: ignore[no-untyped-def]
+    sb = make(memory_mb=512, pids_max=128)
+    r = sb.exec("timeout -s KILL 5 bash -c ':(){ :|:& };:'; sleep 0.5; echo done", timeout=60)
+    assert b"done" in r.stdout
+    assert sb.exec("echo alive", timeout=30).stdout == b"alive\n"
+    usage = sb.status().usage
+    assert usage.pids is None or usage.pids <= 128
+
+
+def test_status_reports_state_limits_and_usage(make) -> None:  # type: ignore[no-untyped-def]
+    sb = make(cpus=1, memory_mb=300, labels={"purpose": "status"})
+    st = sb.status()
+    assert st.state == "running" and st.ip == sb.ip and st.memory_mb == 300 and st.cpus == 1
+    assert st.internet is False and st.labels["purpose"] == "status"
+    assert st.uptime_s is not None and st.uptime_s >= 0
+    assert st.usage.memory_bytes and st.usage.memory_bytes > 0
+    assert st.usage.cpu_time_s is not None and st.usage.cpu_time_s > 0
+    assert sb.is_connected()
+
+
+def test_internet_toggle_updates_the_nft_set(manager: Manager, make) -> None:  # type: ignore[no-untyped-def]
+    from sandbox_rt.network import NftInternetSet
+
+    s = manager.settings
+    nft = NftInternetSet(s.nft_family, s.nft_table, s.nft_internet_set)
+    sb = make(internet=True)
+    assert nft.contains(sb.ip) and sb.status().internet
+    sb.set_internet(False)
+    assert not nft.contains(sb.ip) and not sb.status().internet
+    sb.set_internet(True)
+    assert nft.contains(sb.ip)
+    sb.destroy()
+    assert not nft.contains(sb.ip)
+
+
+def test_attach_from_a_second_manager(manager: Manager, sandbox: sandbox_rt.Sandbox) -> None:
+    other = Manager(manager.settings)
+    again = other.attach(sandbox.id)
+    assert again.exec("hostname").stdout.decode().strip() == sandbox.hostname
+    again.close()
+    with pytest.raises(SandboxNotFound):
+        other.destroy("sbx-0000000000")
+    with pytest.raises(SandboxNotFound):
+        other.attach("sbx-0000000000")
+
+
+def test_wrong_host_key_is_refused(manager: Manager, sandbox: sandbox_rt.Sandbox) -> None:
+    from sandbox_rt.ssh import SSHExecutor, parse_public_key
+
+    other = manager.create(labels={"test-session": "hostkey"})
+    try:
+        wrong = parse_public_key(other.record.host_key)  # a real key, but another sandbox's
+        ex = SSHExecutor(sandbox.ip, user=manager.settings.ssh_user, key=manager.key, host_key=wrong)
+        with pytest.raises(sandbox_rt.HostKeyMismatch):
+            ex.connect(5)
+    finally:
+        other.destroy()
+
+
+def test_clones_have_their_own_host_keys_and_machine_ids(make) -> None:  # type: ignore[no-untyped-def]
+    a, b = make(), make()
+    keys = {sb.exec("cat /etc/ssh/ssh_host_ed25519_key.pub").text.split()[1] for sb in (a, b)}
+    ids = {sb.exec("cat /etc/machine-id").text.strip() for sb in (a, b)}
+    assert len(keys) == 2 and len(ids) == 2
+    assert a.record.host_key.split()[1] in keys
+    assert a.ip != b.ip
+
+
+def test_hostname_and_labels(manager: Manager, make) -> None:  # type: ignore[no-untyped-def]
+    sb = make(hostname="agent-7", labels={"owner": "alice"}, ttl_s=600)
+    assert sb.exec("hostname").text.strip() == "agent-7"
+    assert "agent-7" in sb.exec("getent hosts agent-7").text
+    assert [r.id for r in manager.list(labels={"owner": "alice"})] == [sb.id]
+    assert sb.expires_at is not None and 590 < sb.expires_at - time.time() <= 600
