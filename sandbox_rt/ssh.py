@@ -44,6 +44,7 @@ __all__ = ["RawResult", "SSHExecutor", "load_private_key", "parse_public_key"]
 MAX_PARALLEL_CHANNELS = 64  # below sshd's MaxSessions (100 in the template)
 _READ_SIZE = 65536
 _SFTP_CHUNK = 1 << 20
+_MARKER_MAX = 64  # longer than any marker: a partial marker can only sit in the last 64 bytes
 
 StreamName = Literal["stdout", "stderr"]
 ChunkSink = Callable[[OutputChunk], None]
@@ -167,7 +168,7 @@ class _Demux:
     @staticmethod
     def _release(buf: bytearray) -> bytes:
         """Emit all of ``buf`` except a tail that could be the start of a marker."""
-        cut = buf.rfind(b"\x1e")
+        cut = buf.rfind(b"\x1e", max(0, len(buf) - _MARKER_MAX))
         if cut < 0:
             cut = len(buf)
         out = bytes(buf[:cut])

@@ -20,9 +20,17 @@ def _dead_pid() -> int:
 
 def _record(sid: str, *, expires_at: float | None, pid: int) -> dict[str, object]:
     return {
-        "id": sid, "hostname": sid, "ip": "10.99.1.9", "host_key": "ssh-ed25519 AAAA", "created_at": 0.0,
-        "expires_at": expires_at, "owner_pid": pid, "owner_host": socket.gethostname(), "backend": "lxc",
-        "owner_start_time": process_start_time(pid), "spec": {"labels": {}},
+        "id": sid,
+        "hostname": sid,
+        "ip": "10.99.1.9",
+        "host_key": "ssh-ed25519 AAAA",
+        "created_at": 0.0,
+        "expires_at": expires_at,
+        "owner_pid": pid,
+        "owner_host": socket.gethostname(),
+        "backend": "lxc",
+        "owner_start_time": process_start_time(pid),
+        "spec": {"labels": {}},
     }
 
 
@@ -43,7 +51,8 @@ def test_candidates_and_collection(tmp_path: Path) -> None:
             (tmp_path / sid / "sandbox_rt.json").write_text(json.dumps(rec))
     backend.intents.mkdir(parents=True)
     (backend.intents / "sbx-00000000b1.json").write_text(
-        json.dumps({"id": "sbx-00000000b1", "pid": dead, "start_time": None, "host": socket.gethostname()}))
+        json.dumps({"id": "sbx-00000000b1", "pid": dead, "start_time": None, "host": socket.gethostname()})
+    )
     (tmp_path / "sbx-00000000b1").mkdir()
     backend.begin("sbx-00000000b2")  # a live create of ours: must be left alone
     (tmp_path / "sbx-00000000b2").mkdir()

@@ -106,8 +106,10 @@ def test_fake_backend_satisfies_the_protocol() -> None:
     assert isinstance(FakeBackend(), Backend)
 
 
-@pytest.mark.parametrize(("fail_at", "error"), [("clone", BackendError), ("start", BackendError),
-                                                ("internet", BackendError), ("", SandboxNotReady)])
+@pytest.mark.parametrize(
+    ("fail_at", "error"),
+    [("clone", BackendError), ("start", BackendError), ("internet", BackendError), ("", SandboxNotReady)],
+)
 def test_any_failed_step_destroys_what_was_made(fail_at: str, error: type[Exception]) -> None:
     backend = FakeBackend(fail_at)
     mgr = _manager(backend)

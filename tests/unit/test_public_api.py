@@ -6,10 +6,28 @@ import sandbox_rt
 from sandbox_rt import errors
 
 EXPECTED = {
-    "BackendError", "CommandTimeout", "ConfigError", "ConnectionLost", "ExecError", "ExecResult",
-    "ExecStream", "FileOperationError", "GcResult", "HostKeyMismatch", "Manager", "OutputChunk",
-    "ResourceUsage", "Sandbox", "SandboxError", "SandboxNotFound", "SandboxNotReady", "SandboxRecord",
-    "SandboxSpec", "SandboxStatus", "Settings", "__version__",
+    "BackendError",
+    "CommandTimeout",
+    "ConfigError",
+    "ConnectionLost",
+    "ExecError",
+    "ExecResult",
+    "ExecStream",
+    "FileOperationError",
+    "GcResult",
+    "HostKeyMismatch",
+    "Manager",
+    "OutputChunk",
+    "ResourceUsage",
+    "Sandbox",
+    "SandboxError",
+    "SandboxNotFound",
+    "SandboxNotReady",
+    "SandboxRecord",
+    "SandboxSpec",
+    "SandboxStatus",
+    "Settings",
+    "__version__",
 }
 
 

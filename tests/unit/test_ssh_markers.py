@@ -45,3 +45,14 @@ def test_wrapper_quotes_cwd_env_and_command() -> None:
     text = m.wrap("echo 'a b'; exit 3", "/tmp/with space", {"K": "v'1"})
     assert "setsid -w" in text and m.token in text
     assert "'/tmp/with space'" in text and "'K=v'\"'\"'1'" in text
+
+
+def test_pending_output_stays_bounded() -> None:
+    m = _Markers()
+    d = _Demux(m, None)
+    d.feed("stderr", b"\x1e" + m.token.encode() + b"P1\x1e")
+    d.feed("stdout", b"\x1e")  # an early separator must not make everything after it pending
+    for _ in range(200):
+        d.feed("stdout", b"x" * 5000)
+        assert len(d.pending_out) <= 64  # so each feed scans a bounded window: linear in output
+    assert len(d.out) == 200 * 5000 + 1

@@ -45,8 +45,9 @@ def test_sigkill_during_create_then_gc_removes_everything(manager: Manager, step
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sandbox_rt.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "sandbox_rt.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_cli_run_returns_the_commands_exit_code(manager: Manager) -> None:

@@ -36,7 +36,7 @@ def test_exit_code_and_separate_streams(sandbox: sandbox_rt.Sandbox) -> None:
 
 def test_argv_cwd_env_stdin(sandbox: sandbox_rt.Sandbox) -> None:
     assert sandbox.exec(["printf", "%s|", "a b", "$HOME", "'q'"]).stdout == b"a b|$HOME|'q'|"
-    r = sandbox.exec("pwd; echo \"$FOO\"", cwd="/tmp", env={"FOO": "bar baz"})
+    r = sandbox.exec('pwd; echo "$FOO"', cwd="/tmp", env={"FOO": "bar baz"})
     assert r.stdout == b"/tmp\nbar baz\n"
     assert sandbox.exec("cat", stdin=b"\x00binary\xff").stdout == b"\x00binary\xff"
     assert sandbox.exec("id -un").stdout == b"sandbox\n"

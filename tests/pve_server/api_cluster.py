@@ -1,0 +1,313 @@
+"""/version, /cluster/{nextid,resources,status}, /nodes, /nodes/{node}/status, storage."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from .core import Call, route
+from .ctconfig import parse_kv, rootfs_info
+from .errors import fail, param_error
+
+_GIB = 1024**3
+
+
+def ct_stats(call: Call, vmid: int, ct: dict[str, Any]) -> dict[str, Any]:
+    """The numbers PVE reports for a guest (list, status/current, resources)."""
+    conf = ct["config"]
+    running = call.engine.is_running(vmid)
+    _sid, _vol, size = rootfs_info(conf)
+    started = ct.get("started") or time.time()
+    entry: dict[str, Any] = {
+        "vmid": vmid,
+        "name": conf.get("hostname", f"CT{vmid}"),
+        "status": "running" if running else "stopped",
+        "type": "lxc",
+        "cpus": int(conf.get("cores") or os.cpu_count() or 1),
+        "maxmem": int(conf.get("memory", 512)) * 1024 * 1024,
+        "maxswap": int(conf.get("swap", 512)) * 1024 * 1024,
+        "maxdisk": size,
+        "cpu": 0,
+        "mem": 0,
+        "disk": 0,
+        "netin": 0,
+        "netout": 0,
+        "diskread": 0,
+        "diskwrite": 0,
+        "uptime": int(time.time() - started) if running else 0,
+    }
+    if conf.get("template"):
+        entry["template"] = 1
+    for key in ("tags", "lock"):
+        if conf.get(key):
+            entry[key] = conf[key]
+    return entry
+
+
+@route("GET", "/version")
+def version(call: Call) -> dict[str, Any]:
+    return {
+        "version": call.core.version,
+        "release": call.core.release,
+        "repoid": "5e7e5d1a",
+        "console": "xtermjs",
+    }
+
+
+def _next_free(call: Call) -> int:
+    used = {int(k) for k in call.state.cts}
+    vmid = 100
+    while vmid in used:
+        vmid += 1
+    return vmid
+
+
+@route("GET", "/cluster/nextid")
+def nextid(call: Call) -> int:
+    with call.state.lock:
+        if "vmid" in call.params:
+            vmid = int(call.params["vmid"])
+            if call.state.ct(vmid) is not None:
+                raise param_error({"vmid": f"VM {vmid} already exists"})
+            return vmid
+        return call.faults.nextid(lambda: _next_free(call))
+
+
+@route("GET", "/cluster/resources")
+def resources(call: Call) -> list[dict[str, Any]]:
+    kind = call.params.get("type")
+    out: list[dict[str, Any]] = []
+    with call.state.lock:
+        acl, who = call.acl, call.authid
+        if kind in (None, "pool"):
+            for pool, data in sorted(call.state.pools.items()):
+                if acl.check(who, f"/pool/{pool}", ["Pool.Audit"], noerr=True):
+                    entry: dict[str, Any] = {"id": f"/pool/{pool}", "pool": pool, "type": "pool"}
+                    if data.get("comment"):
+                        entry["comment"] = data["comment"]
+                    out.append(entry)
+        if kind in (None, "vm"):
+            for key, ct in sorted(call.state.cts.items(), key=lambda kv: int(kv[0])):
+                vmid = int(key)
+                if not acl.check(who, f"/vms/{vmid}", ["VM.Audit"], noerr=True):
+                    continue
+                entry = {"id": f"lxc/{vmid}", "node": ct["node"], **ct_stats(call, vmid, ct)}
+                entry["maxcpu"] = entry.pop("cpus")
+                entry.pop("maxswap")
+                entry["template"] = int(bool(ct["config"].get("template")))
+                vm_pool = call.state.pool_of(vmid)
+                if vm_pool and acl.check(who, f"/pool/{vm_pool}", ["Pool.Audit"], noerr=True):
+                    entry["pool"] = vm_pool
+                out.append(entry)
+        if kind in (None, "node"):
+            for node in call.state.nodes:
+                out.append(
+                    _node_entry(call, node, acl.check(who, f"/nodes/{node}", ["Sys.Audit"], noerr=True))
+                )
+        if kind in (None, "storage"):
+            for sid, scfg in sorted(call.state.storages.items()):
+                if not acl.check(who, f"/storage/{sid}", ["Datastore.Audit"], noerr=True):
+                    continue
+                for node in call.state.nodes:
+                    out.append(
+                        {
+                            "id": f"storage/{node}/{sid}",
+                            "storage": sid,
+                            "node": node,
+                            "type": "storage",
+                            "plugintype": scfg["type"],
+                            "content": ",".join(scfg["content"]),
+                            "shared": int(bool(scfg.get("shared"))),
+                            "status": "unknown" if call.faults.is_offline(node) else "available",
+                            "maxdisk": scfg["total"],
+                            "disk": scfg["used"],
+                        }
+                    )
+    return out
+
+
+def _node_entry(call: Call, node: str, audit: bool) -> dict[str, Any]:
+    online = not call.faults.is_offline(node)
+    entry: dict[str, Any] = {
+        "id": f"node/{node}",
+        "node": node,
+        "type": "node",
+        "status": "online" if online else "offline",
+    }
+    if audit and online:
+        entry.update(
+            {
+                "cpu": 0.01,
+                "maxcpu": os.cpu_count() or 1,
+                "mem": 2 * _GIB,
+                "maxmem": 16 * _GIB,
+                "disk": 10 * _GIB,
+                "maxdisk": 100 * _GIB,
+                "uptime": int(time.time() - call.core.started),
+                "level": "",
+                "cgroup-mode": 2 if os.path.exists("/sys/fs/cgroup/cgroup.controllers") else 1,
+            }
+        )
+    return entry
+
+
+@route("GET", "/cluster/status")
+def cluster_status(call: Call) -> list[dict[str, Any]]:
+    nodes = call.state.nodes
+    out: list[dict[str, Any]] = []
+    if len(nodes) > 1:
+        out.append(
+            {
+                "type": "cluster",
+                "id": "cluster",
+                "name": "sandbox-test",
+                "nodes": len(nodes),
+                "quorate": 1,
+                "version": 1,
+            }
+        )
+    for i, node in enumerate(nodes):
+        out.append(
+            {
+                "type": "node",
+                "id": f"node/{node}",
+                "name": node,
+                "nodeid": i + 1,
+                "ip": "127.0.0.1",
+                "local": int(node == call.core.local_node),
+                "online": int(not call.faults.is_offline(node)),
+                "level": "",
+            }
+        )
+    return out
+
+
+@route("GET", "/nodes")
+def nodes(call: Call) -> list[dict[str, Any]]:
+    with call.state.lock:
+        return [
+            _node_entry(call, node, call.acl.check(call.authid, f"/nodes/{node}", ["Sys.Audit"], noerr=True))
+            for node in call.state.nodes
+        ]
+
+
+@route("GET", "/nodes/{node}/status")
+def node_status(call: Call) -> dict[str, Any]:
+    cpus = os.cpu_count() or 1
+    return {
+        "uptime": int(time.time() - call.core.started),
+        "cpu": 0.01,
+        "wait": 0,
+        "loadavg": ["0.10", "0.05", "0.01"],
+        "kversion": f"Linux {os.uname().release}",
+        "pveversion": f"pve-manager/{call.core.version}/5e7e5d1a",
+        "cpuinfo": {
+            "cpus": cpus,
+            "cores": cpus,
+            "sockets": 1,
+            "model": "PVE test server",
+            "mhz": "2000",
+            "hvm": "1",
+        },
+        "memory": {"total": 16 * _GIB, "used": 2 * _GIB, "free": 14 * _GIB, "available": 14 * _GIB},
+        "swap": {"total": 0, "used": 0, "free": 0},
+        "rootfs": {"total": 100 * _GIB, "used": 10 * _GIB, "free": 90 * _GIB, "avail": 90 * _GIB},
+        "boot-info": {"mode": "legacy-bios"},
+        "current-kernel": {"sysname": "Linux", "release": os.uname().release, "machine": os.uname().machine},
+    }
+
+
+def _storage_or_fail(call: Call, sid: str) -> dict[str, Any]:
+    scfg: dict[str, Any] | None = call.state.storages.get(sid)
+    if scfg is None:
+        raise fail(f"storage '{sid}' does not exist")
+    return scfg
+
+
+def _storage_entry(sid: str, scfg: dict[str, Any]) -> dict[str, Any]:
+    total, used = int(scfg["total"]), int(scfg["used"])
+    return {
+        "storage": sid,
+        "type": scfg["type"],
+        "content": ",".join(scfg["content"]),
+        "active": 1,
+        "enabled": 1,
+        "shared": int(bool(scfg.get("shared"))),
+        "total": total,
+        "used": used,
+        "avail": total - used,
+        "used_fraction": used / total if total else 0,
+    }
+
+
+@route("GET", "/nodes/{node}/storage")
+def storage_index(call: Call) -> list[dict[str, Any]]:
+    wanted = set(str(call.params.get("content", "")).replace(";", ",").split(",")) - {""}
+    out = []
+    with call.state.lock:
+        for sid, scfg in sorted(call.state.storages.items()):
+            if "storage" in call.params and call.params["storage"] != sid:
+                continue
+            if not call.acl.check_any(
+                call.authid, f"/storage/{sid}", ["Datastore.Audit", "Datastore.AllocateSpace"], noerr=True
+            ):
+                continue
+            if wanted and not wanted & set(scfg["content"]):
+                continue
+            out.append(_storage_entry(sid, scfg))
+    return out
+
+
+@route("GET", "/nodes/{node}/storage/{storage}/status")
+def storage_status(call: Call) -> dict[str, Any]:
+    with call.state.lock:
+        entry = _storage_entry(call.params["storage"], _storage_or_fail(call, call.params["storage"]))
+    entry.pop("storage")
+    return entry
+
+
+def storage_volumes(call: Call, sid: str) -> list[dict[str, Any]]:
+    """Volumes on ``sid``: seeded templates plus every CT's rootfs there."""
+    vols: list[dict[str, Any]] = []
+    for vol in call.state.volumes.get(sid, []):
+        entry = {
+            "volid": vol["volid"],
+            "content": vol["content"],
+            "size": vol["size"],
+            "ctime": int(call.core.started),
+        }
+        entry["format"] = "tzst" if vol["content"] == "vztmpl" else "raw"
+        vols.append(entry)
+    for key, ct in sorted(call.state.cts.items(), key=lambda kv: int(kv[0])):
+        storage, volname, size = rootfs_info(ct["config"])
+        if storage == sid:
+            vols.append(
+                {
+                    "volid": f"{sid}:{volname}",
+                    "content": "rootdir",
+                    "format": "raw",
+                    "size": size,
+                    "vmid": int(key),
+                    "ctime": int(ct.get("ctime", 0)),
+                }
+            )
+    return vols
+
+
+@route("GET", "/nodes/{node}/storage/{storage}/content")
+def storage_content(call: Call) -> list[dict[str, Any]]:
+    sid = call.params["storage"]
+    with call.state.lock:
+        _storage_or_fail(call, sid)
+        vols = storage_volumes(call, sid)
+    content, vmid = call.params.get("content"), call.params.get("vmid")
+    return [
+        v
+        for v in vols
+        if (content is None or v["content"] == content) and (vmid is None or v.get("vmid") == vmid)
+    ]
+
+
+def bridge_of(net_value: str) -> str | None:
+    return parse_kv(net_value).get("bridge")

@@ -1,0 +1,258 @@
+"""Request pipeline, independent of HTTP: what pve-proxy + pvedaemon do with one API call.
+
+Order, as in PVE (pve-http-server + PVE::HTTPServer::rest_handler + RESTHandler::handle):
+
+1. ``/api2/json`` prefix, request body (form-encoded or JSON; query parameters win);
+2. authentication (``Authorization: PVEAPIToken=...``) -> 401 ``No ticket`` /
+   ``Authentication failed!`` with an empty body;
+3. route lookup in the schema -> 501 ``Method 'GET /foo' not implemented``;
+4. URI parameters merged (a conflicting body parameter -> 400), ``allowtoken``;
+5. the method's ``permissions`` -> 403 ``Permission check failed (/vms/100, VM.Clone)``;
+6. ``proxyto: node`` -> unknown node 500, offline node (fault switch) 595;
+7. schema validation -> 400 ``Parameter verification failed.`` + ``errors``;
+8. the handler; schema paths the server does not implement -> 501 naming the method.
+
+Errors render as ``{"data": null, "message": "...", "errors": {...}}`` with the message's first
+line as HTTP reason phrase.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+import urllib.parse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from .auth import AccessControl
+from .engine import Engine
+from .errors import PVEError, fail, not_implemented, param_error
+from .faults import Faults
+from .schema import Method, Schema
+from .state import State
+from .tasks import TaskManager
+
+API_PREFIX = "/api2/json"
+
+
+@dataclass
+class Response:
+    status: int
+    reason: str
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Call:
+    """One validated API call as handlers see it."""
+
+    core: Core
+    authid: str
+    method: Method
+    params: dict[str, Any]
+    total: int | None = None
+
+    @property
+    def state(self) -> State:
+        return self.core.state
+
+    @property
+    def acl(self) -> AccessControl:
+        return self.core.acl
+
+    @property
+    def engine(self) -> Engine:
+        return self.core.engine
+
+    @property
+    def tasks(self) -> TaskManager:
+        return self.core.tasks
+
+    @property
+    def faults(self) -> Faults:
+        return self.core.faults
+
+    @property
+    def node(self) -> str:
+        return str(self.params.get("node", self.core.local_node))
+
+    @contextmanager
+    def mutate(self) -> Iterator[State]:
+        """Hold the state lock; persist the state if the block succeeds, else roll it back."""
+        with self.state.lock:
+            backup = self.state.snapshot()
+            try:
+                yield self.state
+            except BaseException:
+                self.state.restore(backup)
+                raise
+            self.state.save()
+
+
+Handler = Callable[[Call], Any]
+HANDLERS: dict[tuple[str, str], Handler] = {}
+
+
+def route(verb: str, template: str) -> Callable[[Handler], Handler]:
+    """Register a handler for a schema path template and HTTP method."""
+
+    def register(fn: Handler) -> Handler:
+        HANDLERS[(verb, template)] = fn
+        return fn
+
+    return register
+
+
+def _decode_urlencoded(data: str) -> dict[str, Any]:
+    """pve-http-server's decode_urlencoded (repeated keys become lists, ``k`` alone is undef)."""
+    out: dict[str, Any] = {}
+    if not data:
+        return out
+    for kv in data.replace(";", "&").split("&"):
+        parts = kv.split("=")
+        key = urllib.parse.unquote_plus(parts[0])
+        if len(parts) < 2:
+            out[key] = None
+            continue
+        val: Any = urllib.parse.unquote_plus(parts[1])
+        old = out.get(key)
+        if old is not None:
+            val = [*old, val] if isinstance(old, list) else [old, val]
+        out[key] = val
+    return out
+
+
+class Core:
+    """Everything behind the HTTP socket."""
+
+    def __init__(
+        self,
+        schema: Schema,
+        state: State,
+        engine: Engine,
+        faults: Faults | None = None,
+        release: str = "9.0",
+        version: str = "9.0.11",
+    ) -> None:
+        from . import api_access, api_cluster, api_firewall, api_lxc, api_tasks  # noqa: F401  (register)
+
+        self.schema = schema
+        self.state = state
+        self.engine = engine
+        self.faults = faults or Faults()
+        self.acl = AccessControl(state)
+        self.tasks = TaskManager(self.faults)
+        self.release = release
+        self.version = version
+        self.started = time.time()
+        with state.lock:
+            for key, ct in state.cts.items():
+                engine.restore(int(key), ct["config"], ct.get("status") == "running")
+
+    @property
+    def local_node(self) -> str:
+        return self.state.nodes[0]
+
+    # --- the pipeline -----------------------------------------------------------------------
+    def handle(
+        self,
+        verb: str,
+        raw_path: str,
+        query: str,
+        body: bytes,
+        content_type: str | None,
+        authorization: str | None,
+    ) -> Response:
+        path = urllib.parse.unquote(raw_path)
+        try:
+            if not path.startswith(API_PREFIX + "/") and path != API_PREFIX:
+                raise PVEError(501, "no such uri")
+            rel = path[len(API_PREFIX) :] or "/"
+            params = self._params(verb, query, body, content_type)
+            authid = self.acl.verify_api_token(authorization)
+            data, total = self._dispatch(verb, rel, params, authid)
+        except PVEError as exc:
+            return self.error_response(exc)
+        except Exception as exc:  # a bug in the server: say so, like PVE's 500 with the die text
+            traceback.print_exc()
+            return self.error_response(fail(f"internal error in PVE test server: {exc!r}"))
+        out: dict[str, Any] = {"data": data}
+        if total is not None:
+            out["total"] = total
+        return Response(200, "OK", json.dumps(out, ensure_ascii=False).encode())
+
+    @staticmethod
+    def error_response(exc: PVEError) -> Response:
+        if exc.status == 401:
+            return Response(401, exc.reason, b"")
+        out: dict[str, Any] = {"data": None, "message": exc.message}
+        if exc.errors:
+            out["errors"] = exc.errors
+        return Response(exc.status, exc.reason, json.dumps(out, ensure_ascii=False).encode())
+
+    @staticmethod
+    def _params(verb: str, query: str, body: bytes, content_type: str | None) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        if body:
+            if verb not in ("PUT", "POST"):
+                raise PVEError(501, f"Unexpected content for method '{verb}'")
+            ctype = (content_type or "").split(";")[0].strip().lower()
+            if ctype == "application/json":
+                try:
+                    decoded = json.loads(body.decode("utf-8"))
+                except ValueError as exc:
+                    raise PVEError(400, f"malformed JSON string: {exc}") from None
+                if not isinstance(decoded, dict):
+                    raise PVEError(400, "malformed JSON: not an object")
+                params = decoded
+            else:
+                params = _decode_urlencoded(body.decode("utf-8", errors="replace"))
+        params.update(_decode_urlencoded(query))
+        params.pop("_dc", None)
+        return params
+
+    def _dispatch(self, verb: str, rel: str, params: dict[str, Any], authid: str) -> tuple[Any, int | None]:
+        found = self.schema.match(rel)
+        if found is None or verb not in found[1]:
+            raise not_implemented(verb, rel)
+        template, methods, uri = found
+        method = methods[verb]
+        merged: dict[str, Any] = dict(uri)
+        for key in sorted(params):
+            if key in uri and params[key] != uri[key]:
+                raise param_error(
+                    {key: "duplicate parameter (already defined in URI) with conflicting values!"}
+                )
+            merged[key] = params[key]
+        if not method.allowtoken:
+            raise PVEError(
+                403,
+                f"Permission check failed (URI '{rel}' not available with API token, "
+                "need proper ticket.\n)\n",
+            )
+        with self.state.lock:
+            self.acl.check_api2(method.permissions, authid, merged)
+        if method.proxyto:
+            self._check_node(str(merged.get(method.proxyto, "")))
+        typed = method.validate(merged)
+        handler = HANDLERS.get((verb, template))
+        if handler is None:
+            raise not_implemented(verb, rel, f"by the PVE test server (schema method '{method.name}')")
+        call = Call(self, authid, method, typed)
+        data = handler(call)
+        return data, call.total
+
+    def _check_node(self, node: str) -> None:
+        if node in ("localhost", ""):
+            return
+        if node not in self.state.nodes:
+            raise fail(
+                f"hostname lookup '{node}' failed - failed to get address info for: {node}: "
+                "Name or service not known"
+            )
+        if self.faults.is_offline(node):
+            raise PVEError(595, "Errors during connection establishment, proxy handler: No route to host")

@@ -1,0 +1,54 @@
+"""The seam between the API emulation and what actually runs a CT.
+
+The server keeps every PVE-level fact (configs, locks, pools, tasks) itself; an engine only makes
+the container behind a CT exist, run and stop. :class:`MemoryEngine` (``engine_memory``) keeps
+records (fast, unit tests); :class:`LxcEngine` (``engine_lxc``) makes real overlay clones of the
+host's LXC template, reachable over SSH at the static IP of ``net0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+CTConfig = Mapping[str, Any]
+
+
+class EngineError(Exception):
+    """An engine operation failed; the message becomes the task's exit status."""
+
+
+class Engine(Protocol):
+    name: str
+
+    def unavailable_reason(self) -> str | None:
+        """Why this engine cannot work on this machine, or None if it can."""
+
+    def restore(self, vmid: int, config: CTConfig, running: bool) -> None:
+        """Re-adopt a CT recorded in a persisted state file (server restart)."""
+
+    def create(self, vmid: int, config: CTConfig) -> None:
+        """Make the container for a new CT (``POST /nodes/{node}/lxc``)."""
+
+    def clone(self, source_vmid: int, vmid: int, config: CTConfig) -> None:
+        """Make the container for a clone of ``source_vmid``."""
+
+    def apply_config(self, vmid: int, config: CTConfig) -> None:
+        """Bring the container's settings (network, limits, hostname) in line with ``config``."""
+
+    def start(self, vmid: int, config: CTConfig) -> str:
+        """Start the container; returns its SSH host public key line (see ``hostkey``)."""
+
+    def stop(self, vmid: int) -> None:
+        """Stop immediately (``lxc-stop -k``)."""
+
+    def shutdown(self, vmid: int, timeout: float) -> None:
+        """Clean shutdown, killing after ``timeout`` seconds."""
+
+    def destroy(self, vmid: int) -> None:
+        """Remove the container and everything it wrote."""
+
+    def is_running(self, vmid: int) -> bool: ...
+
+    def interfaces(self, vmid: int, config: CTConfig) -> list[dict[str, Any]] | None:
+        """``GET .../interfaces`` of a running CT (None when it is not running)."""
