@@ -9,6 +9,7 @@ import dataclasses
 import ipaddress
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,17 @@ class Settings:
     ssh_ready_timeout_s: float = 30.0
     command_timeout_s: float = 300.0
     default_ttl_s: int = 3600
+    # Proxmox VE backend (backend="proxmox"); the token secret comes from the environment
+    # (SANDBOX_RT_PVE_TOKEN_SECRET) or a root-only file, never from host.json.
+    pve_url: str = ""
+    pve_token_id: str = ""  # user@realm!tokenname
+    pve_token_secret: str = dataclasses.field(default="", repr=False)
+    pve_token_secret_file: str = ""
+    pve_verify: str = "true"  # "true" (system CAs), a CA file path, or "false" (warns)
+    pve_node: str = ""  # "" = the template's node (linked clones live where the template is)
+    pve_template_vmid: int = 0
+    pve_pool: str = "sandbox-pool"
+    state_dir: Path = Path("/var/lib/sandbox_rt/state")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -95,6 +107,18 @@ class Settings:
         for name in ("ssh_ready_timeout_s", "command_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0")
+        if self.backend == "proxmox":
+            self._validate_proxmox()
+
+    def _validate_proxmox(self) -> None:
+        if not self.pve_url.startswith("https://"):
+            raise ConfigError(f"pve_url={self.pve_url!r} must be an https:// URL of the PVE API")
+        if not re.fullmatch(r"[^@!\s]+@[^@!\s]+![A-Za-z][A-Za-z0-9._-]*", self.pve_token_id):
+            raise ConfigError(f"pve_token_id={self.pve_token_id!r} must look like user@realm!tokenname")
+        if not self.pve_token_secret and not self.pve_token_secret_file:
+            raise ConfigError("no PVE token secret: set SANDBOX_RT_PVE_TOKEN_SECRET or pve_token_secret_file")
+        if self.pve_template_vmid < 100:
+            raise ConfigError(f"pve_template_vmid={self.pve_template_vmid!r} must be a VMID (>= 100)")
 
     @property
     def network(self) -> ipaddress.IPv4Network:

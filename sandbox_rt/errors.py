@@ -15,6 +15,7 @@ __all__ = [
     "ExecError",
     "FileOperationError",
     "HostKeyMismatch",
+    "PermissionDenied",
     "SandboxError",
     "SandboxNotFound",
     "SandboxNotReady",
@@ -45,6 +46,10 @@ class BackendError(SandboxError):
         if detail:
             full += f"\n--- output (tail) ---\n{output_tail(detail)}"
         super().__init__(full)
+
+
+class PermissionDenied(BackendError):
+    """The engine refused the call for lack of a privilege (e.g. a PVE token without VM.Clone)."""
 
 
 class SandboxNotFound(SandboxError, LookupError):

@@ -42,6 +42,10 @@ def _make_backend(settings: Settings) -> Backend:
         from .backends.lxc import LxcBackend
 
         return LxcBackend(settings)
+    if settings.backend == "proxmox":
+        from .backends.proxmox import ProxmoxBackend
+
+        return ProxmoxBackend(settings)
     raise ConfigError(f"backend {settings.backend!r} is not available in this build")
 
 
@@ -118,7 +122,7 @@ class Manager:
             say(f"cloning {self.settings.template} -> {sandbox_id}")
             record = backend.clone(sandbox_id, spec)
             say(f"starting {sandbox_id} at {record.ip}")
-            backend.start(sandbox_id)
+            record = backend.start(sandbox_id)
             if spec.internet:
                 backend.set_internet(record, True)
             say("waiting for SSH")

@@ -28,8 +28,9 @@ class Backend(Protocol):
     """A container engine: makes, starts, describes and removes sandboxes.
 
     Create is split in steps so the manager can clean up after any of them:
-    ``begin`` (record the intent) → ``clone`` (copy the template, apply limits, address, host
-    key; returns the record) → ``start`` → [SSH by the manager] → ``end`` (forget the intent).
+    ``begin`` (record the intent) → ``clone`` (copy the template, apply limits, address; returns
+    the record) → ``start`` (returns the record with the pinned host key) → [SSH by the manager]
+    → ``end`` (forget the intent).
     ``destroy`` is idempotent and removes everything ``clone``/``start`` made.
     """
 
@@ -41,7 +42,9 @@ class Backend(Protocol):
 
     def clone(self, sandbox_id: str, spec: SandboxSpec) -> SandboxRecord: ...
 
-    def start(self, sandbox_id: str) -> None: ...
+    def start(self, sandbox_id: str) -> SandboxRecord:
+        """Start the sandbox; returns its record with the SSH host key pinned for it."""
+        ...
 
     def stop(self, sandbox_id: str) -> None: ...
 

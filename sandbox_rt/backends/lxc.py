@@ -322,8 +322,9 @@ class LxcBackend:
         data["spec"] = _spec_from_json(data["spec"])
         return SandboxRecord(**data), extra
 
-    def start(self, sandbox_id: str) -> None:
+    def start(self, sandbox_id: str) -> SandboxRecord:
         self._lxc("lxc-start", "-n", sandbox_id, step="start")
+        return self.get(sandbox_id)  # the host key was pinned before start (written by clone)
 
     def stop(self, sandbox_id: str) -> None:
         if self.state(sandbox_id) == "running":

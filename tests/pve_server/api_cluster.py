@@ -29,7 +29,7 @@ def ct_stats(call: Call, vmid: int, ct: dict[str, Any]) -> dict[str, Any]:
         "maxswap": int(conf.get("swap", 512)) * 1024 * 1024,
         "maxdisk": size,
         "cpu": 0,
-        "mem": 0,
+        "mem": call.engine.memory_used(vmid) if running else 0,
         "disk": 0,
         "netin": 0,
         "netout": 0,

@@ -50,5 +50,8 @@ class Engine(Protocol):
 
     def is_running(self, vmid: int) -> bool: ...
 
+    def memory_used(self, vmid: int) -> int:
+        """Bytes of memory the running CT uses now (its cgroup), 0 when stopped."""
+
     def interfaces(self, vmid: int, config: CTConfig) -> list[dict[str, Any]] | None:
         """``GET .../interfaces`` of a running CT (None when it is not running)."""

@@ -220,6 +220,18 @@ class LxcEngine:
             return False
         return self._lxc("lxc-info", vmid, "-s", "-H", check=False).strip() == "RUNNING"
 
+    def memory_used(self, vmid: int) -> int:
+        group = f"lxc.payload.{self.ct_name(vmid)}"
+        for path in (
+            Path("/sys/fs/cgroup/memory") / group / "memory.usage_in_bytes",  # cgroup v1
+            Path("/sys/fs/cgroup") / group / "memory.current",  # cgroup v2
+        ):
+            try:
+                return int(path.read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+        return 0
+
     def interfaces(self, vmid: int, config: CTConfig) -> list[dict[str, Any]] | None:
         if not self.is_running(vmid):
             return None

@@ -67,6 +67,10 @@ class MemoryEngine:
         with self._mutex:
             return vmid in self._running
 
+    def memory_used(self, vmid: int) -> int:
+        """A record has no memory; a plausible constant for a running one."""
+        return 32 * 1024 * 1024 if self.is_running(vmid) else 0
+
     def interfaces(self, vmid: int, config: CTConfig) -> list[dict[str, Any]] | None:
         """Interfaces as the config says a real CT would have them (None when stopped)."""
         if not self.is_running(vmid):

@@ -44,8 +44,9 @@ class FakeBackend:
         self._maybe_fail("clone")
         return rec
 
-    def start(self, sandbox_id: str) -> None:
+    def start(self, sandbox_id: str) -> SandboxRecord:
         self._maybe_fail("start")
+        return self.made[sandbox_id]
 
     def stop(self, sandbox_id: str) -> None:
         pass

@@ -18,6 +18,7 @@ EXPECTED = {
     "HostKeyMismatch",
     "Manager",
     "OutputChunk",
+    "PermissionDenied",
     "ResourceUsage",
     "Sandbox",
     "SandboxError",

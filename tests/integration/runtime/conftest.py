@@ -1,22 +1,34 @@
-"""Fixtures for the runtime against real LXC containers on a host prepared by site.yml."""
+"""Fixtures for the runtime against real containers on a host prepared by site.yml.
+
+``manager`` is parametrised over both backends: ``lxc`` (the embedded default) and ``proxmox``
+(the PVE API test server backed by real LXC, or a real PVE when SANDBOX_RT_PVE_URL is set).
+Tests that are about one engine's own mechanics use ``lxc_manager``.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 import sandbox_rt
 from sandbox_rt import Manager, Settings
+from tests.pve_server import PVETestServer
+
+from .pve_env import pve_test_server, real_pve_settings
 
 SESSION_LABEL = {"test-session": uuid.uuid4().hex[:12]}
+Factory = Callable[..., sandbox_rt.Sandbox]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(pytest.mark.slow)
+        if "integration/runtime" in str(item.path):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -31,24 +43,52 @@ def settings() -> Settings:
     return s
 
 
-@pytest.fixture(scope="session")
-def manager(settings: Settings) -> Iterator[Manager]:
-    mgr = Manager(settings)
-    yield mgr
-    # whatever a failed test left behind goes, found by this session's label
+def _sweep(mgr: Manager) -> None:
+    """Whatever a failed test left behind goes, found by this session's label."""
     for record in mgr.list(labels=SESSION_LABEL):
         with contextlib.suppress(sandbox_rt.SandboxError):
             mgr.destroy(record.id)
 
 
-@pytest.fixture
-def make(manager: Manager) -> Iterator[object]:
-    """``make(**create_kwargs)`` → a sandbox destroyed at the end of the test, also on failure."""
+@pytest.fixture(scope="session")
+def lxc_manager(settings: Settings) -> Iterator[Manager]:
+    mgr = Manager(settings)
+    yield mgr
+    _sweep(mgr)
+
+
+@pytest.fixture(scope="session")
+def pve_env(settings: Settings) -> Iterator[tuple[Settings, PVETestServer | None]]:
+    """(settings for the proxmox backend, the test server or None for a real PVE)."""
+    with tempfile.TemporaryDirectory(prefix="sandbox-rt-pve-") as state_dir:
+        real = real_pve_settings(settings)
+        if real is not None:
+            yield real, None
+            return
+        with pve_test_server(settings, Path(state_dir)) as env:
+            yield env
+
+
+@pytest.fixture(scope="session")
+def pve_manager(settings: Settings, pve_env: tuple[Settings, PVETestServer | None]) -> Iterator[Manager]:
+    mgr = Manager(pve_env[0], ssh_key=settings.ssh_key)
+    yield mgr
+    _sweep(mgr)
+
+
+@pytest.fixture(scope="session", params=["lxc", "proxmox"])
+def manager(request: pytest.FixtureRequest) -> Manager:
+    name = "lxc_manager" if request.param == "lxc" else "pve_manager"
+    mgr: Manager = request.getfixturevalue(name)
+    return mgr
+
+
+def _factory(mgr: Manager) -> Iterator[Factory]:
     made: list[sandbox_rt.Sandbox] = []
 
     def factory(**kwargs: object) -> sandbox_rt.Sandbox:
-        labels = {**SESSION_LABEL, **dict(kwargs.pop("labels", {}) or {})}  # type: ignore[call-overload]
-        sb = manager.create(labels=labels, **kwargs)  # type: ignore[arg-type]
+        labels = {**SESSION_LABEL, **dict(kwargs.pop("labels", None) or {})}  # type: ignore[call-overload]
+        sb = mgr.create(labels=labels, **kwargs)  # type: ignore[arg-type]
         made.append(sb)
         return sb
 
@@ -59,5 +99,16 @@ def make(manager: Manager) -> Iterator[object]:
 
 
 @pytest.fixture
-def sandbox(make: object) -> sandbox_rt.Sandbox:
-    return make(memory_mb=512)  # type: ignore[operator, no-any-return]
+def make(manager: Manager) -> Iterator[Factory]:
+    """``make(**create_kwargs)`` → a sandbox destroyed at the end of the test, also on failure."""
+    yield from _factory(manager)
+
+
+@pytest.fixture
+def make_lxc(lxc_manager: Manager) -> Iterator[Factory]:
+    yield from _factory(lxc_manager)
+
+
+@pytest.fixture
+def sandbox(make: Factory) -> sandbox_rt.Sandbox:
+    return make(memory_mb=512)

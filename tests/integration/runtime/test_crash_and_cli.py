@@ -27,18 +27,18 @@ CHILD = textwrap.dedent(
 
 
 @pytest.mark.parametrize("step", ["cloning", "starting", "waiting for SSH", "ready"])
-def test_sigkill_during_create_then_gc_removes_everything(manager: Manager, step: str) -> None:
-    before = {p.name for p in manager.settings.lxc_path.iterdir()}
+def test_sigkill_during_create_then_gc_removes_everything(lxc_manager: Manager, step: str) -> None:
+    before = {p.name for p in lxc_manager.settings.lxc_path.iterdir()}
     proc = subprocess.run([sys.executable, "-c", CHILD, step], capture_output=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
-    after = {p.name for p in manager.settings.lxc_path.iterdir()}
+    after = {p.name for p in lxc_manager.settings.lxc_path.iterdir()}
     leftovers = after - before
     if step != "cloning":  # killed after the clone: something is left for gc to find
         assert leftovers, "the child was killed after cloning, so a container must be left"
-    removed = {r.sandbox_id for r in manager.gc()}
+    removed = {r.sandbox_id for r in lxc_manager.gc()}
     assert leftovers <= removed
-    assert {p.name for p in manager.settings.lxc_path.iterdir()} - before == set()
-    intents = manager.settings.lxc_path / ".runtime" / "creating"
+    assert {p.name for p in lxc_manager.settings.lxc_path.iterdir()} - before == set()
+    intents = lxc_manager.settings.lxc_path / ".runtime" / "creating"
     assert not any(intents.glob("*.json")) or all(
         json.loads(f.read_text())["pid"] == os.getpid() for f in intents.glob("*.json")
     )
@@ -50,18 +50,18 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cli_run_returns_the_commands_exit_code(manager: Manager) -> None:
-    before = {r.id for r in manager.list()}
+def test_cli_run_returns_the_commands_exit_code(lxc_manager: Manager) -> None:
+    before = {r.id for r in lxc_manager.list()}
     r = _cli("run", "--memory", "256", "--", "echo hello from $(hostname); exit 5")
     assert r.returncode == 5, r.stderr
     assert r.stdout.startswith("hello from sbx-")
     assert "waiting for SSH" in r.stderr  # progress on stderr
-    assert {x.id for x in manager.list()} == before  # run destroys its sandbox
+    assert {x.id for x in lxc_manager.list()} == before  # run destroys its sandbox
     q = _cli("-q", "run", "--", "uname", "-s")
     assert q.returncode == 0 and q.stdout == "Linux\n" and q.stderr == ""
 
 
-def test_cli_create_exec_ls_status_destroy(manager: Manager) -> None:
+def test_cli_create_exec_ls_status_destroy(lxc_manager: Manager) -> None:
     c = _cli("--json", "-q", "create", "--label", "test-session=cli", "--memory", "256")
     assert c.returncode == 0, c.stderr
     sid = json.loads(c.stdout)["id"]
@@ -79,10 +79,10 @@ def test_cli_create_exec_ls_status_destroy(manager: Manager) -> None:
     assert again.returncode == 1 and "SandboxNotFound" in again.stderr
 
 
-def test_cli_bad_input_is_a_usage_error_and_makes_nothing(manager: Manager) -> None:
-    before = {p.name for p in manager.settings.lxc_path.iterdir()}
+def test_cli_bad_input_is_a_usage_error_and_makes_nothing(lxc_manager: Manager) -> None:
+    before = {p.name for p in lxc_manager.settings.lxc_path.iterdir()}
     for args in (["run", "--memory", "10", "--", "true"], ["run"], ["exec", "not-an-id", "--", "true"]):
         r = _cli(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert "Traceback" not in r.stderr
-    assert {p.name for p in manager.settings.lxc_path.iterdir()} == before
+    assert {p.name for p in lxc_manager.settings.lxc_path.iterdir()} == before

@@ -16,8 +16,8 @@ SETTINGS = settings(
 
 
 @pytest.fixture(scope="module")
-def shared(manager: sandbox_rt.Manager):  # type: ignore[no-untyped-def]
-    sb = manager.create(memory_mb=256, labels={"test-session": "properties"})
+def shared(lxc_manager: sandbox_rt.Manager):  # type: ignore[no-untyped-def]
+    sb = lxc_manager.create(memory_mb=256, labels={"test-session": "properties"})
     yield sb
     sb.destroy()
 
@@ -56,10 +56,10 @@ def test_file_paths_never_escape_quoting(shared: sandbox_rt.Sandbox, name: str) 
     hostname=st.one_of(st.none(), st.text(max_size=70)),
 )
 def test_create_arguments_fail_typed_or_work(
-    manager: sandbox_rt.Manager, cpus: object, memory: object, hostname: str | None
+    lxc_manager: sandbox_rt.Manager, cpus: object, memory: object, hostname: str | None
 ) -> None:
     try:
-        sb = manager.create(
+        sb = lxc_manager.create(
             cpus=cpus,
             memory_mb=memory,
             hostname=hostname,  # type: ignore[arg-type]

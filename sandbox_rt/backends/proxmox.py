@@ -1,0 +1,524 @@
+"""Proxmox VE: sandboxes as linked clones of a CT template, driven through the API with proxmoxer.
+
+Choices (see docs/proxmox.md):
+- Identity: the sandbox id (``sbx-<hex>``) is a PVE tag; ``sandbox-rt`` tags every sandbox and
+  ``exp-<epoch>`` carries its expiry, so ``gc`` finds them from ``/cluster/resources`` alone. The
+  record (labels, owner, spec) is one JSON line of the CT's description, written by the clone call
+  itself, so a CT is recognisably ours from its first moment. gc never touches a CT without that.
+- Placement: linked clones live on the template's node (set ``pve_node`` to override).
+- Addresses: derived from the VMID, counted down from the top of the pool (the local LXC backend
+  counts up from the bottom), then probed past any address another sandbox-rt CT uses.
+- Host keys: a hookscript on the node writes a fresh ed25519 host key into the CT before its
+  first start and publishes the public half in the description (``sandbox-rt-ssh-host-key:``);
+  the runtime pins that before its first SSH contact and refuses a CT that has none.
+- Internet: the CT's own PVE firewall (``net0 firewall=1``, outbound policy DROP, two outbound
+  ACCEPT rules for DNS and HTTP/HTTPS that ``set_internet`` enables or disables); this needs only
+  ``VM.Config.Network`` on the CT, no shell on the node.
+- Every UPID is waited for and its exit status checked; "CT is locked" and VMID races are retried
+  with back-off, then a BackendError with PVE's message.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import fcntl
+import ipaddress
+import json
+import os
+import re
+import socket
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+from proxmoxer import ProxmoxAPI
+from proxmoxer.core import ResourceException
+from proxmoxer.tools import Tasks
+
+from ..config import Settings
+from ..errors import BackendError, ConfigError, PermissionDenied, SandboxNotFound
+from ..ipam import mac_for_ip
+from ..models import ResourceUsage, SandboxRecord, SandboxSpec
+from .base import GcCandidate
+from .lxc import owner_alive, process_start_time
+
+__all__ = ["ProxmoxBackend"]
+
+TAG = "sandbox-rt"
+RECORD_PREFIX = "sandbox-rt-record: "
+HOSTKEY_PREFIX = "sandbox-rt-ssh-host-key: "
+RULE_COMMENT = "sandbox-rt internet"
+T = TypeVar("T")
+_LOCKED = re.compile(r"is locked|got timeout|can't lock file", re.I)
+_EXISTS = re.compile(r"already exists", re.I)
+
+
+def _bool(value: bool) -> int:
+    """PVE takes 0/1 for booleans at the top level (proxmoxer would send 'True')."""
+    return 1 if value else 0
+
+
+def _tags(raw: Any) -> set[str]:
+    return {t for t in re.split(r"[;, ]+", str(raw or "")) if t}
+
+
+def _spec_json(spec: SandboxSpec) -> dict[str, Any]:
+    return dataclasses.asdict(spec)
+
+
+class ProxmoxBackend:
+    """Sandboxes on a Proxmox VE host or cluster."""
+
+    name = "proxmox"
+
+    def __init__(self, settings: Settings, api: ProxmoxAPI | None = None) -> None:
+        self.settings = settings
+        self.api = api or self._connect(settings)
+        self.net = settings.network
+        self.state_dir = settings.state_dir / "proxmox"
+        self.intents = self.state_dir / "creating"
+        self.task_timeout_s = 300.0
+        self._template_node: str | None = None
+
+    # -- connection ------------------------------------------------------------------------------
+    @staticmethod
+    def _connect(s: Settings) -> ProxmoxAPI:
+        url = urlparse(s.pve_url)
+        if url.scheme != "https" or not url.hostname:
+            raise ConfigError(f"pve_url={s.pve_url!r} must be an https:// URL")
+        user, _, token_name = s.pve_token_id.partition("!")
+        secret = s.pve_token_secret
+        if not secret and s.pve_token_secret_file:
+            try:
+                secret = Path(s.pve_token_secret_file).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"cannot read pve_token_secret_file: {exc.strerror}") from exc
+        verify: bool | str = True
+        if s.pve_verify.lower() in ("false", "0", "no"):
+            warnings.warn("TLS verification of the PVE API is off (pve_verify=false)", stacklevel=3)
+            verify = False
+        elif s.pve_verify.lower() not in ("true", "1", "yes"):
+            if not Path(s.pve_verify).is_file():
+                raise ConfigError(f"pve_verify={s.pve_verify!r} is neither true/false nor a CA file")
+            verify = s.pve_verify
+        return ProxmoxAPI(
+            url.hostname,
+            port=url.port or 8006,
+            user=user,
+            token_name=token_name,
+            token_value=secret,
+            verify_ssl=verify,
+            timeout=30,
+        )
+
+    # -- API helpers -----------------------------------------------------------------------------
+    def _call(self, step: str, fn: Callable[[], T]) -> T:
+        """One API call; PVE's errors become typed errors naming the step."""
+        try:
+            return fn()
+        except ResourceException as exc:
+            # proxmoxer: status_message is the generic HTTP phrase, content PVE's own message
+            message = str(exc.content or exc.status_message).strip()
+            if exc.errors:
+                message += f" {exc.errors}"
+            if exc.status_code == 403:
+                raise PermissionDenied(f"the API token lacks a privilege: {message}", step=step) from exc
+            raise BackendError(f"{exc.status_code} {message}", step=step) from exc
+        except OSError as exc:  # requests' connection errors are OSErrors
+            raise BackendError(
+                f"cannot reach the PVE API at {self.settings.pve_url}: {exc}", step=step
+            ) from exc
+
+    def _retrying(self, step: str, fn: Callable[[], T], *, attempts: int = 10) -> T:
+        """Retry ``fn`` while PVE says the CT is locked (another task holds it), with back-off."""
+        delay = 0.05
+        for attempt in range(attempts):
+            try:
+                return self._call(step, fn)
+            except BackendError as exc:
+                if (
+                    isinstance(exc, PermissionDenied)
+                    or not _LOCKED.search(str(exc))
+                    or attempt == attempts - 1
+                ):
+                    raise
+            time.sleep(delay)  # back-off while another task holds the lock
+            delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable")
+
+    def _wait(self, upid: str, step: str) -> None:
+        status = self._call(
+            step,
+            lambda: Tasks.blocking_status(self.api, upid, timeout=self.task_timeout_s, polling_interval=0.05),
+        )
+        if status is None:
+            raise BackendError(f"task {upid} did not finish in {self.task_timeout_s:g} s", step=step)
+        exitstatus = str(status.get("exitstatus", ""))
+        if exitstatus != "OK":
+            raise BackendError(f"task failed: {exitstatus}", step=step, detail=self._task_log(upid))
+
+    def _task_log(self, upid: str) -> str:
+        node = Tasks.decode_upid(upid)["node"]
+        with contextlib.suppress(Exception):
+            lines = self.api.nodes(node).tasks(upid).log.get(limit=50)
+            return "\n".join(str(entry.get("t", "")) for entry in lines)
+        return ""
+
+    def _ct(self, node: str, vmid: int) -> Any:
+        return self.api.nodes(node).lxc(vmid)
+
+    def _resources(self) -> list[dict[str, Any]]:
+        items = self._call("list", lambda: self.api.cluster.resources.get(type="vm"))
+        return [r for r in items if r.get("type") == "lxc"]
+
+    def _ours(self) -> list[dict[str, Any]]:
+        return [r for r in self._resources() if TAG in _tags(r.get("tags"))]
+
+    def _find(self, sandbox_id: str) -> tuple[str, int]:
+        for r in self._resources():
+            if sandbox_id in _tags(r.get("tags")):
+                return str(r["node"]), int(r["vmid"])
+        raise SandboxNotFound(sandbox_id)
+
+    def _template_location(self) -> str:
+        if self.settings.pve_node:
+            return self.settings.pve_node
+        if self._template_node is None:
+            vmid = self.settings.pve_template_vmid
+            for r in self._resources():
+                if int(r["vmid"]) == vmid:
+                    self._template_node = str(r["node"])
+                    break
+            else:
+                raise BackendError(
+                    f"template CT {vmid} not found (or the token may not audit it)", step="clone"
+                )
+        return self._template_node
+
+    # -- addresses -------------------------------------------------------------------------------
+    def _addresses_in_use(self) -> set[str]:
+        used: set[str] = set()
+        for r in self._ours():
+            for tag in _tags(r.get("tags")):
+                if tag.startswith("ip-"):
+                    used.add(tag[3:])
+        return used
+
+    @contextlib.contextmanager
+    def _address_lock(self) -> Iterator[None]:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.state_dir / "ipam.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _pick_address(self, vmid: int, used: set[str]) -> str:
+        start = int(ipaddress.IPv4Address(self.settings.ip_pool_start))
+        end = int(ipaddress.IPv4Address(self.settings.ip_pool_end))
+        span = end - start + 1
+        reserved = {
+            self.settings.gateway,
+            self.settings.dns_server,
+            str(self.net.network_address),
+            str(self.net.broadcast_address),
+        }
+        for probe in range(span):
+            ip = str(ipaddress.IPv4Address(end - ((vmid + probe) % span)))
+            if ip not in used and ip not in reserved:
+                return ip
+        raise BackendError("no free address left in the sandbox pool", step="address")
+
+    # -- create steps ----------------------------------------------------------------------------
+    def begin(self, sandbox_id: str) -> None:
+        self._write_intent(sandbox_id, vmid=None)
+
+    def _write_intent(self, sandbox_id: str, vmid: int | None) -> None:
+        self.intents.mkdir(parents=True, exist_ok=True)
+        pid = os.getpid()
+        intent = {
+            "id": sandbox_id,
+            "vmid": vmid,
+            "pid": pid,
+            "start_time": process_start_time(pid),
+            "host": socket.gethostname(),
+            "at": time.time(),
+        }
+        (self.intents / f"{sandbox_id}.json").write_text(json.dumps(intent))
+
+    def end(self, sandbox_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.intents / f"{sandbox_id}.json").unlink()
+
+    def _record_line(self, record: SandboxRecord) -> str:
+        data = dataclasses.asdict(record)
+        data["spec"] = _spec_json(record.spec)
+        data["host_key"] = ""  # the published key line is the source of truth
+        data["owner_start_time"] = process_start_time(record.owner_pid)
+        return RECORD_PREFIX + json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    def clone(self, sandbox_id: str, spec: SandboxSpec) -> SandboxRecord:
+        node = self._template_location()
+        template = self._ct(node, self.settings.pve_template_vmid)
+        hostname = spec.hostname or sandbox_id
+        now = time.time()
+        pid = os.getpid()
+        draft = SandboxRecord(
+            id=sandbox_id,
+            hostname=hostname,
+            ip="",
+            host_key="",
+            spec=spec,
+            created_at=now,
+            expires_at=now + spec.ttl_s if spec.ttl_s else None,
+            owner_pid=pid,
+            owner_host=socket.gethostname(),
+            backend=self.name,
+        )
+        vmid = 0
+        for _attempt in range(8):
+            vmid = int(self._call("clone", lambda: self.api.cluster.nextid.get()))
+            self._write_intent(sandbox_id, vmid)
+            try:
+                upid = self._retrying(
+                    "clone",
+                    lambda v=vmid: template.clone.post(  # type: ignore[misc]
+                        newid=v,
+                        hostname=hostname,
+                        pool=self.settings.pve_pool or None,
+                        full=_bool(False),
+                        description=self._record_line(draft),
+                    ),
+                )
+                self._wait(str(upid), "clone")
+                break
+            except BackendError as exc:
+                if _EXISTS.search(str(exc)):
+                    continue  # another caller took this VMID between nextid and clone
+                raise
+        else:
+            raise BackendError("no free VMID after 8 attempts (nextid keeps colliding)", step="clone")
+
+        with self._address_lock():
+            ip = self._pick_address(vmid, self._addresses_in_use())
+            record = dataclasses.replace(draft, ip=ip)
+            tags = [TAG, sandbox_id, f"ip-{ip}"]
+            if record.expires_at:
+                tags.append(f"exp-{int(record.expires_at)}")
+            net0 = (
+                f"name=eth0,bridge={self.settings.bridge},ip={ip}/{self.net.prefixlen},"
+                f"gw={self.settings.gateway},hwaddr={mac_for_ip(ip).upper()},firewall=1"
+            )
+            config = {
+                "cores": max(1, int(-(-spec.cpus // 1))),
+                "cpulimit": f"{spec.cpus:g}",
+                "memory": spec.memory_mb,
+                "swap": 0,
+                "net0": net0,
+                "tags": ";".join(tags),
+                "description": self._record_line(record),
+                "nameserver": self.settings.dns_server,
+            }
+            ct = self._ct(node, vmid)
+            self._retrying("configure", lambda: ct.config.put(**config))
+        self._resize(node, vmid, spec.disk_gb)
+        self._setup_firewall(node, vmid, spec.internet)
+        return record
+
+    def _resize(self, node: str, vmid: int, disk_gb: int) -> None:
+        ct = self._ct(node, vmid)
+        conf = self._call("resize", lambda: ct.config.get())
+        m = re.search(r"size=(\d+(?:\.\d+)?)([KMGT]?)", str(conf.get("rootfs", "")))
+        if m:
+            factor = {"": 1 / 1024**3, "K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}[m.group(2)]
+            if float(m.group(1)) * factor >= disk_gb:
+                return  # linked clones can only grow; a template disk as large is enough
+        upid = self._retrying("resize", lambda: ct.resize.put(disk="rootfs", size=f"{disk_gb}G"))
+        if upid:
+            self._wait(str(upid), "resize")
+
+    def _setup_firewall(self, node: str, vmid: int, internet: bool) -> None:
+        fw = self._ct(node, vmid).firewall
+        for rule in (
+            {"proto": "tcp", "dport": "80,443"},
+            {"proto": "udp", "dport": "53", "dest": self.settings.dns_server},
+        ):
+            self._call(
+                "firewall",
+                lambda r=rule: fw.rules.post(  # type: ignore[misc]
+                    type="out", action="ACCEPT", enable=_bool(internet), comment=RULE_COMMENT, **r
+                ),
+            )
+        self._call(
+            "firewall",
+            lambda: fw.options.put(enable=1, policy_out="DROP", policy_in="ACCEPT", ipfilter=1, macfilter=1),
+        )
+
+    def start(self, sandbox_id: str) -> SandboxRecord:
+        node, vmid = self._find(sandbox_id)
+        ct = self._ct(node, vmid)
+        upid = self._retrying("start", lambda: ct.status.start.post())
+        self._wait(str(upid), "start")
+        return self.get(sandbox_id)
+
+    def stop(self, sandbox_id: str) -> None:
+        node, vmid = self._find(sandbox_id)
+        ct = self._ct(node, vmid)
+        upid = self._retrying("stop", lambda: ct.status.stop.post())
+        self._wait(str(upid), "stop")
+
+    def destroy(self, sandbox_id: str) -> bool:
+        try:
+            node, vmid = self._find(sandbox_id)
+        except SandboxNotFound:
+            vmid_hint = self._intent_vmid(sandbox_id)
+            if vmid_hint is None or not self._is_ours(vmid_hint, sandbox_id):
+                self.end(sandbox_id)
+                return False
+            node, vmid = vmid_hint
+        ct = self._ct(node, vmid)
+        upid = self._retrying("destroy", lambda: ct.delete(force=1, purge=1))
+        self._wait(str(upid), "destroy")
+        self.end(sandbox_id)
+        return True
+
+    def _intent_vmid(self, sandbox_id: str) -> tuple[str, int] | None:
+        try:
+            intent = json.loads((self.intents / f"{sandbox_id}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if not intent.get("vmid"):
+            return None
+        vmid = int(intent["vmid"])
+        for r in self._resources():
+            if int(r["vmid"]) == vmid:
+                return str(r["node"]), vmid
+        return None
+
+    def _is_ours(self, where: tuple[str, int], sandbox_id: str) -> bool:
+        """A CT (maybe untagged yet) is ours if its description carries our record for this id."""
+        node, vmid = where
+        conf = self._call("destroy", lambda: self._ct(node, vmid).config.get())
+        rec = self._parse_record(str(conf.get("description", "")))
+        return rec is not None and rec.get("id") == sandbox_id
+
+    # -- records ---------------------------------------------------------------------------------
+    @staticmethod
+    def _parse_record(description: str) -> dict[str, Any] | None:
+        for line in description.splitlines():
+            if line.startswith(RECORD_PREFIX):
+                with contextlib.suppress(ValueError):
+                    data = json.loads(line[len(RECORD_PREFIX) :])
+                    return data if isinstance(data, dict) else None
+        return None
+
+    @staticmethod
+    def _host_key_of(description: str) -> str:
+        for line in description.splitlines():
+            if line.startswith(HOSTKEY_PREFIX):
+                return line[len(HOSTKEY_PREFIX) :].strip()
+        return ""
+
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        node, vmid = self._find(sandbox_id)
+        conf = self._call("attach", lambda: self._ct(node, vmid).config.get())
+        description = str(conf.get("description", ""))
+        data = self._parse_record(description)
+        if data is None:
+            raise BackendError(f"CT {vmid} carries no sandbox-rt record", step="attach")
+        data.pop("owner_start_time", None)
+        spec_data = data.pop("spec", {})
+        known = {f.name for f in dataclasses.fields(SandboxSpec)}
+        spec = SandboxSpec(**{k: v for k, v in spec_data.items() if k in known})
+        data["host_key"] = self._host_key_of(description)
+        return SandboxRecord(spec=spec, **data)
+
+    def list(self) -> builtins.list[SandboxRecord]:
+        out: builtins.list[SandboxRecord] = []
+        for r in self._ours():
+            sid = next((t for t in _tags(r.get("tags")) if re.fullmatch(r"sbx-[0-9a-f]{10}", t)), None)
+            if sid:
+                with contextlib.suppress(SandboxNotFound, BackendError):
+                    out.append(self.get(sid))
+        return out
+
+    def _current(self, sandbox_id: str) -> dict[str, Any]:
+        node, vmid = self._find(sandbox_id)
+        return dict(self._call("status", lambda: self._ct(node, vmid).status.current.get()))
+
+    def state(self, sandbox_id: str) -> str:
+        try:
+            return str(self._current(sandbox_id).get("status", "unknown"))
+        except SandboxNotFound:
+            return "absent"
+
+    def uptime_s(self, sandbox_id: str) -> float | None:
+        up = self._current(sandbox_id).get("uptime")
+        return float(up) if up is not None else None
+
+    def usage(self, sandbox_id: str) -> ResourceUsage:
+        cur = self._current(sandbox_id)
+        mem = cur.get("mem")
+        return ResourceUsage(memory_bytes=int(mem) if mem is not None else None)
+
+    # -- network ---------------------------------------------------------------------------------
+    def _internet_rules(self, record: SandboxRecord) -> tuple[Any, builtins.list[dict[str, Any]]]:
+        node, vmid = self._find(record.id)
+        fw = self._ct(node, vmid).firewall
+        rules = self._call("internet", lambda: fw.rules.get())
+        return fw, [r for r in rules if r.get("comment") == RULE_COMMENT]
+
+    def set_internet(self, record: SandboxRecord, enabled: bool) -> None:
+        fw, rules = self._internet_rules(record)
+        if not rules:
+            raise BackendError(f"sandbox {record.id} has no sandbox-rt firewall rules", step="internet")
+        for rule in rules:
+            pos = int(rule["pos"])
+            self._call("internet", lambda p=pos: fw.rules(p).put(enable=_bool(enabled)))  # type: ignore[misc]
+
+    def internet_enabled(self, record: SandboxRecord) -> bool:
+        _fw, rules = self._internet_rules(record)
+        return bool(rules) and all(int(r.get("enable", 0)) == 1 for r in rules)
+
+    # -- garbage collection ----------------------------------------------------------------------
+    def gc_candidates(self, *, now: float, dead_owners: bool) -> builtins.list[GcCandidate]:
+        found: dict[str, str] = {}
+        live: set[str] = set()
+        if self.intents.is_dir():
+            for f in self.intents.glob("*.json"):
+                with contextlib.suppress(OSError, ValueError):
+                    intent = json.loads(f.read_text())
+                    sid = str(intent["id"])
+                    if owner_alive(
+                        int(intent.get("pid", 0)), intent.get("start_time"), str(intent.get("host"))
+                    ):
+                        live.add(sid)
+                    else:
+                        found[sid] = "creator died during create"
+        for r in self._ours():
+            tags = _tags(r.get("tags"))
+            tag_id = next((t for t in tags if re.fullmatch(r"sbx-[0-9a-f]{10}", t)), None)
+            if tag_id is None or tag_id in found or tag_id in live:
+                continue
+            sid = tag_id
+            exp = next((int(t[4:]) for t in tags if re.fullmatch(r"exp-\d+", t)), None)
+            if exp is not None and exp <= now:
+                found[sid] = "expired"
+            elif dead_owners:
+                with contextlib.suppress(BackendError, SandboxNotFound):
+                    node, vmid = str(r["node"]), int(r["vmid"])
+                    conf = self._call("gc", lambda n=node, v=vmid: self._ct(n, v).config.get())  # type: ignore[misc]
+                    rec = self._parse_record(str(conf.get("description", ""))) or {}
+                    if not owner_alive(
+                        int(rec.get("owner_pid", 0)),
+                        rec.get("owner_start_time"),
+                        str(rec.get("owner_host", "")),
+                    ):
+                        found[sid] = "owner process died"
+        return [GcCandidate(sid, reason) for sid, reason in sorted(found.items())]

@@ -1,0 +1,116 @@
+"""A Proxmox environment for the runtime suite: the PVE API test server backed by real LXC.
+
+Set up as an operator would on a real PVE (what the proxmox_access role does): a pool, a
+least-privilege role, a user with a privilege-separated API token, ACLs on the pool, the storage and
+the bridge, and a CT template in the pool. The runtime then gets only that token.
+With SANDBOX_RT_PVE_URL (+ _TOKEN_ID, _TOKEN_SECRET, _TEMPLATE_VMID ...) set, the suite uses that
+real PVE instead (see docs/proxmox.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from proxmoxer import ProxmoxAPI
+from proxmoxer.tools import Tasks
+
+from sandbox_rt import Settings
+from tests.pve_server import LxcEngine, PVETestServer
+
+NODE = "pve"
+POOL = "sandbox-pool"
+TEMPLATE_VMID = 9000
+ROLE = "SandboxRuntime"
+USER = "sandbox-rt@pve"
+TOKEN = "runtime"
+# The least privileges the runtime's calls need (derived from the schema's permission checks).
+PRIVILEGES = [
+    "VM.Allocate",
+    "VM.Clone",
+    "VM.Audit",
+    "VM.PowerMgmt",
+    "VM.Config.CPU",
+    "VM.Config.Memory",
+    "VM.Config.Network",
+    "VM.Config.Options",
+    "VM.Config.Disk",
+    "Datastore.AllocateSpace",
+    "Datastore.Audit",
+    "SDN.Use",
+]
+
+
+def _wait(api: ProxmoxAPI, upid: str) -> None:
+    status = Tasks.blocking_status(api, upid, timeout=60, polling_interval=0.05)
+    assert status is not None and status["exitstatus"] == "OK", status
+
+
+def real_pve_settings(base: Settings) -> Settings | None:
+    """Settings for a real PVE from the environment, or None."""
+    if not os.environ.get("SANDBOX_RT_PVE_URL"):
+        return None
+    return dataclasses.replace(
+        Settings.load(env={**os.environ, "SANDBOX_RT_BACKEND": "proxmox"}),
+        state_dir=base.state_dir,
+    )
+
+
+@contextmanager
+def pve_test_server(base: Settings, state_dir: Path) -> Iterator[tuple[Settings, PVETestServer]]:
+    engine = LxcEngine(base.lxc_path, base.template)
+    srv = PVETestServer(engine=engine).start()
+    made: list[int] = []
+    try:
+        tokenid, secret = srv.root_token
+        user, name = tokenid.split("!")
+        root = ProxmoxAPI(
+            srv.host,
+            port=srv.port,
+            user=user,
+            token_name=name,
+            token_value=secret,
+            verify_ssl=str(srv.ca_file),
+        )
+        root.pools.post(poolid=POOL)
+        root.access.roles.post(roleid=ROLE, privs=",".join(PRIVILEGES))
+        root.access.users.post(userid=USER)
+        token = root.access.users(USER).token(TOKEN).post(privsep=1)
+        for path in (f"/pool/{POOL}", "/storage/local-lvm", f"/sdn/zones/localnetwork/{base.bridge}"):
+            root.access.acl.put(path=path, roles=ROLE, users=USER)
+            root.access.acl.put(path=path, roles=ROLE, tokens=f"{USER}!{TOKEN}")
+        made.append(TEMPLATE_VMID)
+        _wait(
+            root,
+            root.nodes(NODE).lxc.post(
+                vmid=TEMPLATE_VMID,
+                ostemplate="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
+                storage="local-lvm",
+                pool=POOL,
+                unprivileged=1,
+                swap=0,
+                net0=f"name=eth0,bridge={base.bridge},ip=dhcp",
+            ),
+        )
+        root.nodes(NODE).lxc(TEMPLATE_VMID).template.post()
+        settings = dataclasses.replace(
+            base,
+            backend="proxmox",
+            pve_url=f"https://{srv.host}:{srv.port}",
+            pve_token_id=f"{USER}!{TOKEN}",
+            pve_token_secret=str(token["value"]),
+            pve_verify=str(srv.ca_file),
+            pve_template_vmid=TEMPLATE_VMID,
+            pve_pool=POOL,
+            state_dir=state_dir,
+        )
+        yield settings, srv
+    finally:
+        srv.stop()
+        made.extend(int(vmid) for vmid in srv.state.cts)  # whatever a test left behind
+        for vmid in sorted(set(made)):
+            with suppress(Exception):
+                engine.destroy(vmid)

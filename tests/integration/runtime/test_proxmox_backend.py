@@ -1,0 +1,129 @@
+"""The Proxmox backend's own promises, against the PVE API test server (issue 5)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+
+import pytest
+from proxmoxer import ProxmoxAPI
+from proxmoxer.tools import Tasks
+
+import sandbox_rt
+from sandbox_rt import BackendError, Manager, PermissionDenied, Settings
+from tests.pve_server import PVETestServer
+
+from .conftest import SESSION_LABEL
+from .pve_env import NODE, POOL, PRIVILEGES, ROLE, TEMPLATE_VMID
+
+
+@pytest.fixture
+def srv(pve_env: tuple[Settings, PVETestServer | None]) -> Iterator[PVETestServer]:
+    server = pve_env[1]
+    if server is None:  # pointed at a real PVE: faults cannot be injected there
+        pytest.skip("fault injection needs the PVE API test server")
+    yield server
+    server.faults.clear()
+
+
+def _root(srv: PVETestServer) -> ProxmoxAPI:
+    tokenid, secret = srv.root_token
+    user, name = tokenid.split("!")
+    return ProxmoxAPI(
+        srv.host, port=srv.port, user=user, token_name=name, token_value=secret, verify_ssl=str(srv.ca_file)
+    )
+
+
+def _cts(srv: PVETestServer) -> set[int]:
+    return {int(v) for v in srv.state.cts}
+
+
+def test_survives_an_injected_lock(pve_manager: Manager, srv: PVETestServer) -> None:
+    srv.faults.inject_lock(count=3, lock="disk")  # the next config writes answer "CT is locked"
+    with pve_manager.create(labels=SESSION_LABEL) as sb:
+        assert sb.exec("echo ok").stdout == b"ok\n"
+
+
+def test_survives_a_nextid_collision(pve_manager: Manager, srv: PVETestServer) -> None:
+    with pve_manager.create(labels=SESSION_LABEL) as first:
+        srv.faults.repeat_nextid(count=2)  # the next caller gets the id that is already in use
+        with pve_manager.create(labels=SESSION_LABEL) as second:
+            assert first.ip != second.ip and first.id != second.id
+            assert second.exec("hostname").text.strip() == second.hostname
+
+
+def test_failing_clone_leaves_nothing_and_carries_pves_message(
+    pve_manager: Manager, srv: PVETestServer
+) -> None:
+    before = _cts(srv)
+    srv.faults.fail_tasks("storage 'local-lvm' is full", types=["vzclone"], count=1)
+    with pytest.raises(BackendError) as err:
+        pve_manager.create(labels=SESSION_LABEL)
+    assert "storage 'local-lvm' is full" in str(err.value)
+    assert _cts(srv) == before
+
+
+def test_failing_start_destroys_the_clone(pve_manager: Manager, srv: PVETestServer) -> None:
+    before = _cts(srv)
+    srv.faults.fail_tasks("startup for container failed", types=["vzstart"], count=1)
+    with pytest.raises(BackendError, match="startup for container failed"):
+        pve_manager.create(labels=SESSION_LABEL)
+    assert _cts(srv) == before
+
+
+@pytest.mark.parametrize("missing", ["VM.Clone", "VM.PowerMgmt", "VM.Config.Network", "SDN.Use"])
+def test_missing_privilege_is_a_clear_permission_error(
+    pve_manager: Manager, srv: PVETestServer, missing: str
+) -> None:
+    root = _root(srv)
+    role = f"Limited{missing.replace('.', '')}"
+    user = f"limited-{missing.replace('.', '').lower()}@pve"
+    root.access.roles.post(roleid=role, privs=",".join(p for p in PRIVILEGES if p != missing))
+    root.access.users.post(userid=user)
+    secret = root.access.users(user).token("tok").post(privsep=0)["value"]
+    for path in (f"/pool/{POOL}", "/storage/local-lvm", "/sdn/zones/localnetwork/vmbr1"):
+        root.access.acl.put(path=path, roles=role, users=user)
+    settings = dataclasses.replace(pve_manager.settings, pve_token_id=f"{user}!tok", pve_token_secret=secret)
+    limited = Manager(settings, ssh_key=pve_manager.settings.ssh_key)
+    before = _cts(srv)
+    with pytest.raises(PermissionDenied) as err:
+        limited.create(labels=SESSION_LABEL)
+    assert missing in str(err.value)
+    assert _cts(srv) == before  # whatever it made before the refusal was removed
+
+
+def test_gc_removes_expired_and_never_touches_untagged(pve_manager: Manager, srv: PVETestServer) -> None:
+    root = _root(srv)
+    foreign = TEMPLATE_VMID + 500  # a CT of someone else in the same pool, without the sandbox-rt tag
+    upid = root.nodes(NODE).lxc(TEMPLATE_VMID).clone.post(newid=foreign, hostname="someone-else", pool=POOL)
+    assert Tasks.blocking_status(root, upid, timeout=60, polling_interval=0.05)["exitstatus"] == "OK"
+    sb = pve_manager.create(labels=SESSION_LABEL, ttl_s=1)
+    try:
+        ct = root.nodes(NODE).lxc(foreign)
+        ct.config.put(tags="sandbox-rt-lookalike;exp-1")  # looks old and expired, but is not ours
+        assert sb.expires_at is not None
+        while time.time() <= sb.expires_at:  # a 1 s TTL: wait until it has passed
+            time.sleep(0.05)
+        removed = {r.sandbox_id: r.reason for r in pve_manager.gc()}
+        assert removed.get(sb.id) == "expired"
+        assert foreign in _cts(srv)
+        assert pve_manager.backend.state(sb.id) == "absent"
+    finally:
+        root.nodes(NODE).lxc(foreign).delete(force=1, purge=1)
+        sb.destroy()
+
+
+def test_sandboxes_are_tagged_pooled_and_limited(pve_manager: Manager, srv: PVETestServer) -> None:
+    root = _root(srv)
+    with pve_manager.create(labels=SESSION_LABEL, cpus=0.5, memory_mb=384, disk_gb=10) as sb:
+        res = next(r for r in root.cluster.resources.get(type="vm") if sb.id in str(r.get("tags")))
+        tags = set(str(res["tags"]).split(";"))
+        assert {"sandbox-rt", sb.id, f"ip-{sb.ip}"} <= tags
+        assert any(t.startswith("exp-") for t in tags)
+        conf = root.nodes(res["node"]).lxc(res["vmid"]).config.get()
+        assert conf["memory"] == 384 and conf["swap"] == 0 and float(conf["cpulimit"]) == 0.5
+        assert f"ip={sb.ip}/16" in conf["net0"] and "firewall=1" in conf["net0"]
+        assert "size=10G" in conf["rootfs"]
+        assert res["vmid"] in {int(m["vmid"]) for m in root.pools(POOL).get()["members"] if "vmid" in m}
+        assert isinstance(sb, sandbox_rt.Sandbox) and ROLE in {r["roleid"] for r in root.access.roles.get()}
