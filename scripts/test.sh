@@ -31,7 +31,8 @@ export PATH="$PWD/.venv/bin:$PATH"
 # workplace provides it (see DEVELOPERS.md, network safety).
 if [[ -x ../shared/netguard ]]; then ../shared/netguard; fi
 
-stage lint bash -c 'ruff check sandbox_rt tests && mypy && yamllint -s . && echo lint ok'
+stage lint bash -c 'ruff check sandbox_rt tests benchmarks && mypy && yamllint -s . \
+  && ansible-lint --offline -q && echo lint ok'
 
 if ((fast)); then
   marker=(-m "not slow")
