@@ -2,7 +2,8 @@
 
     python -m benchmarks.lifecycle [--runs 20] [--json out.json]
 
-Rows: create → SSH-ready (vs raw lxc-copy -s + lxc-start + first TCP connect to :22 on a static IP),
+Rows: warm-pool acquire (create() when the pool has a sandbox ready), create → SSH-ready (vs raw
+lxc-copy -s + lxc-start + first TCP connect to :22 on a static IP),
 exec round trip of `true` (vs OpenSSH ControlMaster to the same container, and vs lxc-attach),
 destroy (vs raw lxc-stop -k + lxc-destroy). Prints median, p90, max and the ratio of medians.
 """
@@ -100,6 +101,7 @@ def run(runs: int) -> dict[str, dict[str, float]]:
             "exec_true",
             "raw_openssh_controlmaster",
             "raw_lxc_attach",
+            "warm_pool_acquire",
         )
     }
     raw_ip = "10.99.254.250"
@@ -150,6 +152,17 @@ def run(runs: int) -> dict[str, dict[str, float]]:
                 )
         finally:
             subprocess.run([*base[:-1], "-O", "exit", base[-1]], capture_output=True)
+
+    # warm pool: time from create() to a usable sandbox when the pool has one ready
+    with sandbox_rt.Manager(mgr.settings, pool_size=2, pool_spec={"labels": {"bench": "1"}}) as warm:
+        assert warm.pool is not None
+        for _ in range(runs):
+            if not warm.pool.wait_ready(1, timeout=60):
+                raise RuntimeError("warm pool did not refill")
+            t0 = time.perf_counter()
+            sb = warm.create(memory_mb=512, labels={"bench": "1"})
+            res["warm_pool_acquire"].append(time.perf_counter() - t0)
+            sb.destroy()
     return {k: _summary(v) for k, v in res.items()}
 
 

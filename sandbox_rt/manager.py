@@ -9,13 +9,15 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import paramiko
 
 from .backends.base import Backend
 from .config import Settings
 from .errors import ConfigError, SandboxError, SandboxNotFound
-from .models import SandboxRecord
+from .models import SandboxRecord, SandboxSpec
+from .pool import POOL_LABEL, WarmPool
 from .sandbox import Sandbox
 from .ssh import SSHExecutor, load_private_key, parse_public_key
 from .validation import check_sandbox_id, make_spec
@@ -62,7 +64,12 @@ class Manager:
         *,
         backend: Backend | None = None,
         ssh_key: paramiko.PKey | Path | str | None = None,
+        pool_size: int = 0,
+        pool_spec: Mapping[str, Any] | None = None,
     ) -> None:
+        """``pool_size`` > 0 keeps that many started sandboxes of ``pool_spec`` (create()'s
+        arguments) ready, so ``create()`` hands one out in milliseconds (see :mod:`sandbox_rt.pool`).
+        """
         self.settings = settings or Settings.load()
         self.backend = backend or _make_backend(self.settings)
         if isinstance(ssh_key, paramiko.PKey):
@@ -71,6 +78,28 @@ class Manager:
         else:
             self._key = None
             self._key_path = Path(ssh_key) if ssh_key is not None else self.settings.ssh_key
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 0:
+            raise ConfigError(f"pool_size={pool_size!r} must be a whole number >= 0")
+        self.pool: WarmPool | None = None
+        if pool_size:
+            base = dict(pool_spec or {})
+            base["labels"] = {**dict(base.get("labels") or {}), POOL_LABEL: new_sandbox_id()[4:]}
+            base.setdefault("ttl_s", self.settings.default_ttl_s)
+            pool_base = make_spec(**base)  # a bad pool spec fails here, before any thread starts
+            self.key  # noqa: B018 - a missing key fails here too
+            self.pool = WarmPool(pool_size, lambda: self._create_cold(pool_base, None))
+
+    def close(self) -> None:
+        """Stop the warm pool (destroying its idle sandboxes). Handed-out sandboxes stay."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def __enter__(self) -> Manager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @classmethod
     def from_env(cls) -> Manager:
@@ -112,6 +141,24 @@ class Manager:
             labels=labels,
             ttl_s=ttl_s if ttl_s is not None else self.settings.default_ttl_s,
         )
+        if self.pool is not None:
+            warm = self.pool.take()
+            if warm is not None:
+                try:
+                    return self._hand_out(warm, spec)
+                except SandboxError:
+                    with contextlib.suppress(SandboxError):
+                        warm.destroy()  # a pool sandbox that cannot take the spec: make one cold
+        return self._create_cold(spec, progress)
+
+    def _hand_out(self, sb: Sandbox, spec: SandboxSpec) -> Sandbox:
+        """Give a warm sandbox the request's limits, name, labels and TTL, then internet."""
+        sb.record = self.backend.update(sb.record, spec)
+        if spec.internet:
+            self.backend.set_internet(sb.record, True)
+        return sb
+
+    def _create_cold(self, spec: SandboxSpec, progress: Progress | None) -> Sandbox:
         key = self.key  # fail on a missing key before anything is made
         say = progress or (lambda _msg: None)
         sandbox_id = new_sandbox_id()

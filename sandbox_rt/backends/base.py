@@ -48,6 +48,10 @@ class Backend(Protocol):
 
     def stop(self, sandbox_id: str) -> None: ...
 
+    def update(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
+        """Apply limits, hostname, labels and TTL of ``spec`` to a running sandbox (warm pool)."""
+        ...
+
     def destroy(self, sandbox_id: str) -> bool:
         """Remove the sandbox and all it holds; True if anything existed."""
         ...

@@ -51,6 +51,7 @@ _OURS = (
     "lxc.cgroup2.pids.",
     "lxc.cgroup2.cpu.",
 )
+_LIMIT_KEYS = _OURS[4:]  # the cgroup limit keys among them
 CPU_PERIOD_US = 100_000
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -75,26 +76,36 @@ def cgroup_v1() -> bool:
     return (_CGROUP_ROOT / "memory" / "memory.limit_in_bytes").exists()
 
 
-def cgroup_limit_lines(spec: SandboxSpec, *, v1: bool, memsw: bool) -> builtins.list[str]:
-    """LXC config lines that apply ``spec``'s limits on a cgroup v1 or v2 host (swap is always 0)."""
-    mem = spec.memory_mb * 1024 * 1024
+def cgroup_limits(spec: SandboxSpec, *, v1: bool, memsw: bool) -> builtins.list[tuple[str, str]]:
+    """(cgroup file, value) pairs that apply ``spec``'s limits on a v1 or v2 host (swap always 0).
+
+    The same pairs go into the config before start (``lxc.cgroup[2].<file> = <value>``) and into the
+    live cgroup files when a running sandbox changes (warm pool).
+    """
+    mem = str(spec.memory_mb * 1024 * 1024)
     quota = max(1000, int(spec.cpus * CPU_PERIOD_US))
     if v1:
-        lines = [
-            f"lxc.cgroup.memory.limit_in_bytes = {mem}",
-            f"lxc.cgroup.pids.max = {spec.pids_max}",
-            f"lxc.cgroup.cpu.cfs_period_us = {CPU_PERIOD_US}",
-            f"lxc.cgroup.cpu.cfs_quota_us = {quota}",
-        ]
+        pairs = [("memory.limit_in_bytes", mem)]
         if memsw:
-            lines.insert(1, f"lxc.cgroup.memory.memsw.limit_in_bytes = {mem}")
-        return lines
+            pairs.append(("memory.memsw.limit_in_bytes", mem))
+        return [
+            *pairs,
+            ("pids.max", str(spec.pids_max)),
+            ("cpu.cfs_period_us", str(CPU_PERIOD_US)),
+            ("cpu.cfs_quota_us", str(quota)),
+        ]
     return [
-        f"lxc.cgroup2.memory.max = {mem}",
-        "lxc.cgroup2.memory.swap.max = 0",
-        f"lxc.cgroup2.pids.max = {spec.pids_max}",
-        f"lxc.cgroup2.cpu.max = {quota} {CPU_PERIOD_US}",
+        ("memory.max", mem),
+        ("memory.swap.max", "0"),
+        ("pids.max", str(spec.pids_max)),
+        ("cpu.max", f"{quota} {CPU_PERIOD_US}"),
     ]
+
+
+def cgroup_limit_lines(spec: SandboxSpec, *, v1: bool, memsw: bool) -> builtins.list[str]:
+    """LXC config lines for ``spec``'s limits (see :func:`cgroup_limits`)."""
+    prefix = "lxc.cgroup." if v1 else "lxc.cgroup2."
+    return [f"{prefix}{key} = {value}" for key, value in cgroup_limits(spec, v1=v1, memsw=memsw)]
 
 
 def _spec_to_json(spec: SandboxSpec) -> dict[str, Any]:
@@ -329,6 +340,76 @@ class LxcBackend:
     def stop(self, sandbox_id: str) -> None:
         if self.state(sandbox_id) == "running":
             self._lxc("lxc-stop", "-n", sandbox_id, "-k", step="stop")
+
+    def update(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
+        """Apply a new spec to a running sandbox: limits (live cgroup writes), hostname, labels, TTL.
+
+        Used by the warm pool on hand-out; ``disk_gb`` and ``internet`` are the caller's business.
+        """
+        sid = record.id
+        pid = self._init_pid(sid)
+        if pid is None:
+            raise BackendError(f"{sid} is not running", step="update")
+        self._apply_live_limits(sid, spec)
+        cdir = self._dir(sid)
+        lines = [ln for ln in self._config_lines(cdir) if not ln.strip().startswith(_LIMIT_KEYS)]
+        lines += cgroup_limit_lines(spec, v1=self._v1, memsw=self._memsw)
+        hostname = spec.hostname or record.hostname
+        if hostname != record.hostname:
+            self._set_hostname(pid, record.ip, hostname)
+            lines = [ln for ln in lines if not ln.strip().startswith("lxc.uts.name")]
+            lines.append(f"lxc.uts.name = {hostname}")
+        tmp = cdir / "config.new"
+        tmp.write_text("\n".join(lines) + "\n")
+        tmp.replace(cdir / "config")
+        now = time.time()
+        new = dataclasses.replace(
+            record,
+            hostname=hostname,
+            spec=dataclasses.replace(spec, hostname=hostname),
+            expires_at=now + spec.ttl_s if spec.ttl_s else None,
+        )
+        self._write_record(new, owner_start=process_start_time(new.owner_pid))
+        return new
+
+    def _cgroup_dir(self, sandbox_id: str, key: str) -> Path:
+        group = f"lxc.payload.{sandbox_id}"
+        if not self._v1:
+            return _CGROUP_ROOT / group
+        controller = key.split(".", 1)[0]
+        return _CGROUP_ROOT / controller / group
+
+    def _apply_live_limits(self, sandbox_id: str, spec: SandboxSpec) -> None:
+        pairs = cgroup_limits(spec, v1=self._v1, memsw=self._memsw)
+        pending = list(pairs)
+        # v1 refuses memory > memsw and memsw < memory: retry the order that the kernel accepts
+        for _round in range(2):
+            failed = []
+            for key, value in pending:
+                try:
+                    (self._cgroup_dir(sandbox_id, key) / key).write_text(value)
+                except OSError:
+                    failed.append((key, value))
+            if not failed:
+                return
+            pending = failed
+        raise BackendError(f"cannot apply limits {pending} to {sandbox_id}", step="update")
+
+    def _set_hostname(self, pid: int, ip: str, hostname: str) -> None:
+        """Change the UTS name from the host (container root lacks CAP_SYS_ADMIN) and the files."""
+        proc = subprocess.run(
+            ["nsenter", "-t", str(pid), "-u", "hostname", hostname],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if proc.returncode != 0:
+            raise BackendError(f"cannot set hostname {hostname!r}", step="update", detail=proc.stderr)
+        root = Path(f"/proc/{pid}/root")
+        (root / "etc/hostname").write_text(f"{hostname}\n")
+        (root / "etc/hosts").write_text(
+            f"127.0.0.1\tlocalhost\n{ip}\t{hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+        )
 
     def destroy(self, sandbox_id: str) -> bool:
         cdir = self._dir(sandbox_id)

@@ -373,6 +373,36 @@ class ProxmoxBackend:
         upid = self._retrying("stop", lambda: ct.status.stop.post())
         self._wait(str(upid), "stop")
 
+    def update(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
+        node, vmid = self._find(record.id)
+        hostname = spec.hostname or record.hostname
+        now = time.time()
+        new = dataclasses.replace(
+            record,
+            hostname=hostname,
+            spec=dataclasses.replace(spec, hostname=hostname),
+            expires_at=now + spec.ttl_s if spec.ttl_s else None,
+        )
+        tags = [TAG, record.id, f"ip-{record.ip}"]
+        if new.expires_at:
+            tags.append(f"exp-{int(new.expires_at)}")
+        ct = self._ct(node, vmid)
+        conf = self._call("update", lambda: ct.config.get())
+        description = self._record_line(new)
+        key = self._host_key_of(str(conf.get("description", "")))
+        if key:
+            description += "\n" + HOSTKEY_PREFIX + key
+        changes = {
+            "cores": max(1, int(-(-spec.cpus // 1))),
+            "cpulimit": f"{spec.cpus:g}",
+            "memory": spec.memory_mb,
+            "hostname": hostname,
+            "tags": ";".join(tags),
+            "description": description,
+        }
+        self._retrying("update", lambda: ct.config.put(**changes))
+        return new
+
     def destroy(self, sandbox_id: str) -> bool:
         try:
             node, vmid = self._find(sandbox_id)

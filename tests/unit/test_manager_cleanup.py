@@ -51,6 +51,13 @@ class FakeBackend:
     def stop(self, sandbox_id: str) -> None:
         pass
 
+    def update(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
+        self._maybe_fail("update")
+        new = SandboxRecord(record.id, spec.hostname or record.hostname, record.ip, record.host_key, spec,
+                            record.created_at, None, record.owner_pid, record.owner_host, record.backend)
+        self.made[record.id] = new
+        return new
+
     def destroy(self, sandbox_id: str) -> bool:
         self.destroyed.append(sandbox_id)
         self.internet.discard(sandbox_id)

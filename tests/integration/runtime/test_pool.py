@@ -1,0 +1,57 @@
+"""The warm pool hands out ready sandboxes with the request's settings, never one twice (LXC)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+
+from sandbox_rt import Manager, Settings
+from sandbox_rt.pool import POOL_LABEL
+
+from .conftest import SESSION_LABEL
+
+
+def _memory_limit(sandbox_id: str) -> int:
+    v1 = Path(f"/sys/fs/cgroup/memory/lxc.payload.{sandbox_id}/memory.limit_in_bytes")
+    v2 = Path(f"/sys/fs/cgroup/lxc.payload.{sandbox_id}/memory.max")
+    return int((v1 if v1.exists() else v2).read_text())
+
+
+def test_pool_hands_out_with_the_requests_settings(settings: Settings) -> None:
+    with Manager(settings, pool_size=2, pool_spec={"memory_mb": 512, "labels": SESSION_LABEL}) as mgr:
+        assert mgr.pool is not None and mgr.pool.wait_ready(timeout=60)
+        pooled = {r.id for r in mgr.list(labels=SESSION_LABEL) if POOL_LABEL in r.spec.labels}
+        assert len(pooled) == 2
+        sb = mgr.create(memory_mb=256, hostname="warm-one", internet=True, labels={**SESSION_LABEL, "x": "1"})
+        try:
+            assert sb.id in pooled  # it came from the pool
+            assert sb.exec("hostname").text.strip() == "warm-one"
+            assert "warm-one" in sb.exec("getent hosts warm-one").text
+            assert _memory_limit(sb.id) == 256 * 1024 * 1024
+            r = sb.exec("python3 -c 'b = bytearray(400 << 20)'", timeout=60)
+            assert r.exit_code == 137  # the new, lower limit holds
+            st = sb.status()
+            assert st.internet and st.memory_mb == 256 and st.labels == {**SESSION_LABEL, "x": "1"}
+            again = mgr.attach(sb.id)  # the record on disk has the new settings
+            assert again.hostname == "warm-one" and POOL_LABEL not in again.labels
+            again.close()
+        finally:
+            sb.destroy()
+    # closing the manager destroyed the idle pool sandboxes
+    assert not [r for r in Manager(settings).list(labels=SESSION_LABEL) if POOL_LABEL in r.spec.labels]
+
+
+def test_pool_never_hands_out_one_sandbox_twice(settings: Settings) -> None:
+    with Manager(settings, pool_size=3, pool_spec={"memory_mb": 256, "labels": SESSION_LABEL}) as mgr:
+        assert mgr.pool is not None and mgr.pool.wait_ready(timeout=60)
+        with concurrent.futures.ThreadPoolExecutor(6) as ex:
+            sandboxes = list(ex.map(lambda i: mgr.create(memory_mb=256, labels=SESSION_LABEL), range(6)))
+        try:
+            ids = [sb.id for sb in sandboxes]
+            ips = [sb.ip for sb in sandboxes]
+            assert len(set(ids)) == 6 and len(set(ips)) == 6
+            names = {sb.exec("hostname").text.strip() for sb in sandboxes}
+            assert len(names) == 6
+        finally:
+            for sb in sandboxes:
+                sb.destroy()
