@@ -41,6 +41,7 @@ RECORD_FILE = "sandbox_rt.json"
 # config keys the runtime writes per clone (whatever the template had for them is replaced)
 _OURS = (
     "lxc.uts.name",
+    "lxc.net.0.link",
     "lxc.net.0.ipv4.",
     "lxc.net.0.hwaddr",
     "lxc.net.0.veth.pair",
@@ -51,7 +52,7 @@ _OURS = (
     "lxc.cgroup2.pids.",
     "lxc.cgroup2.cpu.",
 )
-_LIMIT_KEYS = _OURS[4:]  # the cgroup limit keys among them
+_LIMIT_KEYS = tuple(k for k in _OURS if k.startswith("lxc.cgroup"))  # the limit keys among them
 CPU_PERIOD_US = 100_000
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -214,6 +215,12 @@ class LxcBackend:
             (self.intents / f"{sandbox_id}.json").unlink()
 
     def clone(self, sandbox_id: str, spec: SandboxSpec) -> SandboxRecord:
+        try:
+            return self._clone(sandbox_id, spec)
+        except OSError as exc:  # disk full, permissions, ...: a typed error naming the step
+            raise BackendError(f"{exc.strerror or exc} ({exc.filename or self.path})", step="clone") from exc
+
+    def _clone(self, sandbox_id: str, spec: SandboxSpec) -> SandboxRecord:
         template = self._template_dir()
         if not (template / "config").is_file():
             raise BackendError(
@@ -230,6 +237,7 @@ class LxcBackend:
         def commit(ip: str) -> None:
             extra = [
                 f"lxc.uts.name = {hostname}",
+                f"lxc.net.0.link = {self.settings.bridge}",
                 f"lxc.net.0.ipv4.address = {ip}/{self.prefixlen}",
                 f"lxc.net.0.ipv4.gateway = {self.settings.gateway}",
                 f"lxc.net.0.hwaddr = {mac_for_ip(ip)}",
@@ -334,7 +342,15 @@ class LxcBackend:
         return SandboxRecord(**data), extra
 
     def start(self, sandbox_id: str) -> SandboxRecord:
-        self._lxc("lxc-start", "-n", sandbox_id, step="start")
+        log = self._dir(sandbox_id) / "start.log"
+        try:
+            self._lxc("lxc-start", "-n", sandbox_id, f"--logfile={log}", "--logpriority=ERROR", step="start")
+        except BackendError as exc:
+            with contextlib.suppress(OSError):
+                raise BackendError(
+                    "the container did not start", step="start", detail=log.read_text()
+                ) from exc
+            raise
         return self.get(sandbox_id)  # the host key was pinned before start (written by clone)
 
     def stop(self, sandbox_id: str) -> None:

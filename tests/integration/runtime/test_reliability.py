@@ -1,0 +1,198 @@
+"""Reliability under load and faults on the LXC backend (issue 9): no shared, half-made or leaked sandbox.
+
+Every test is bounded in count and time; each fault gives a documented error type and leaves nothing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import multiprocessing
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import sandbox_rt
+from sandbox_rt import BackendError, Manager, SandboxNotReady, Settings
+from sandbox_rt.network import NftInternetSet
+
+from .conftest import SESSION_LABEL
+
+
+def _leftovers(mgr: Manager, label: dict[str, str]) -> dict[str, object]:
+    s = mgr.settings
+    ours = [r for r in mgr.list(labels=label)]
+    intents = list((s.lxc_path / ".runtime" / "creating").glob("*.json"))
+    return {"sandboxes": ours, "intents": intents}
+
+
+def _no_leaks(mgr: Manager, label: dict[str, str], ips: set[str]) -> None:
+    left = _leftovers(mgr, label)
+    assert left == {"sandboxes": [], "intents": []}, left
+    s = mgr.settings
+    nft = NftInternetSet(s.nft_family, s.nft_table, s.nft_internet_set)
+    assert not (nft.members() & ips)
+    used = {
+        ln.split("=", 1)[1].strip().split("/")[0]
+        for cfg in s.lxc_path.glob("*/config")
+        for ln in cfg.read_text().splitlines()
+        if ln.startswith("lxc.net.0.ipv4.address")
+    }
+    assert not (used & ips)  # every address went back to the pool
+
+
+def test_50_creates_from_8_threads(lxc_manager: Manager) -> None:
+    """50 sandboxes alive at once, made by 8 threads: distinct ids and addresses, all work."""
+    label = {**SESSION_LABEL, "load": "threads"}
+    sandboxes: list[sandbox_rt.Sandbox] = []
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            futures = [
+                ex.submit(lxc_manager.create, memory_mb=128, internet=i % 2 == 0, labels=label)
+                for i in range(50)
+            ]
+            for f in futures:
+                sandboxes.append(f.result())
+        assert len({sb.id for sb in sandboxes}) == 50 and len({sb.ip for sb in sandboxes}) == 50
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            names = list(ex.map(lambda sb: sb.exec("cat /etc/hostname").text.strip(), sandboxes))
+        assert names == [sb.id for sb in sandboxes]
+    finally:
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            list(ex.map(lambda sb: sb.destroy(), sandboxes))
+    _no_leaks(lxc_manager, label, {sb.ip for sb in sandboxes})
+
+
+def _process_worker(n: int, label: dict[str, str], out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    mgr = Manager.from_env()
+    made = [mgr.create(memory_mb=128, labels=label) for _ in range(n)]
+    for sb in made:
+        out.put((sb.id, sb.ip, sb.exec("echo ok").stdout))
+    out.get  # noqa: B018 - keep all alive until every process has made its share (see test)
+
+
+def test_creates_from_4_processes(lxc_manager: Manager) -> None:
+    """52 sandboxes made by 4 processes at once: distinct addresses across processes (flock)."""
+    label = {**SESSION_LABEL, "load": "processes"}
+    ctx = multiprocessing.get_context("spawn")
+    out: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
+    procs = [ctx.Process(target=_process_worker, args=(13, label, out)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        results = [out.get(timeout=180) for _ in range(52)]
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+        assert len({r[0] for r in results}) == 52 and all(r[2] == b"ok\n" for r in results)
+        alive = lxc_manager.list(labels=label)
+        assert len({r.ip for r in alive}) == len(alive) == 52  # all alive together, no address shared
+    finally:
+        for record in lxc_manager.list(labels=label):
+            lxc_manager.destroy(record.id)
+    _no_leaks(lxc_manager, label, {r[1] for r in results})
+
+
+def test_200_parallel_execs_on_5_sandboxes(make_lxc) -> None:  # type: ignore[no-untyped-def]
+    boxes = [make_lxc(memory_mb=256) for _ in range(5)]
+
+    def run(i: int) -> tuple[int, bytes]:
+        return i, boxes[i % 5].exec(f"echo {i}; echo err{i} >&2").stdout
+
+    with concurrent.futures.ThreadPoolExecutor(40) as ex:
+        results = list(ex.map(run, range(200)))
+    assert all(out == f"{i}\n".encode() for i, out in results)
+
+
+# -- faults ----------------------------------------------------------------------------------------
+@pytest.fixture
+def scratch_settings(settings: Settings) -> Iterator[Settings]:
+    """An LXC path of its own with a copy of the template's config (same rootfs), own address range.
+
+    It sits beside the real LXC path: container root (an unprivileged id) must be able to traverse it.
+    """
+    base = Path(tempfile.mkdtemp(prefix="test-", dir=settings.lxc_path.parent))
+    path = base / "lxc"
+    (path / settings.template).mkdir(parents=True)
+    shutil.copy(settings.lxc_path / settings.template / "config", path / settings.template / "config")
+    for p in (base, path):
+        p.chmod(0o711)
+    try:
+        yield dataclasses.replace(
+            settings,
+            lxc_path=path,
+            ip_pool_start="10.99.240.0",
+            ip_pool_end="10.99.240.255",
+            ssh_ready_timeout_s=3,
+        )
+    finally:
+        for cdir in path.glob("sbx-*"):  # a failed test's leftovers, never the real path
+            subprocess.run(["lxc-stop", "-P", str(path), "-n", cdir.name, "-k"], capture_output=True)
+            subprocess.run(["lxc-destroy", "-P", str(path), "-n", cdir.name], capture_output=True)
+        shutil.rmtree(base)
+
+
+def _assert_empty(s: Settings) -> None:
+    assert sorted(p.name for p in s.lxc_path.iterdir() if p.name.startswith("sbx-")) == []
+    assert not list((s.lxc_path / ".runtime" / "creating").glob("*.json"))
+
+
+def test_missing_template_is_a_clear_error(scratch_settings: Settings) -> None:
+    s = dataclasses.replace(scratch_settings, template="no-such-template")
+    with pytest.raises(BackendError, match="template 'no-such-template' not found"):
+        Manager(s).create()
+    _assert_empty(s)
+
+
+def test_sshd_that_never_answers(scratch_settings: Settings) -> None:
+    cfg = scratch_settings.lxc_path / scratch_settings.template / "config"
+    cfg.write_text(
+        cfg.read_text().replace("lxc.init.cmd = /sbin/sandbox-init", "lxc.init.cmd = /bin/sleep 600")
+    )
+    t0 = time.monotonic()
+    with pytest.raises(SandboxNotReady):
+        Manager(scratch_settings).create()
+    assert time.monotonic() - t0 < 15
+    _assert_empty(scratch_settings)
+
+
+def test_missing_bridge(scratch_settings: Settings) -> None:
+    s = dataclasses.replace(scratch_settings, bridge="nosuchbr0")
+    with pytest.raises(BackendError) as err:
+        Manager(s).create()
+    assert err.value.step == "start"
+    _assert_empty(s)
+
+
+def test_disk_full_during_create(scratch_settings: Settings) -> None:
+    tmp_path = scratch_settings.lxc_path.parent
+    image = tmp_path / "small.img"
+    subprocess.run(["truncate", "-s", "16M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", str(image)], check=True)
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True)
+    try:
+        mnt.chmod(0o711)
+        (mnt / scratch_settings.template).mkdir()
+        shutil.copy(
+            scratch_settings.lxc_path / scratch_settings.template / "config", mnt / scratch_settings.template
+        )
+        s = dataclasses.replace(scratch_settings, lxc_path=mnt)
+        Manager(s).create().destroy()  # works while there is room
+        subprocess.run(["dd", "if=/dev/zero", f"of={mnt}/fill", "bs=1M"], capture_output=True)  # until ENOSPC
+        with pytest.raises(sandbox_rt.SandboxError) as err:
+            Manager(s).create()
+        assert isinstance(err.value, BackendError | SandboxNotReady)
+        assert "space" in str(err.value).lower() or isinstance(err.value, SandboxNotReady)
+        _assert_empty(s)
+    finally:
+        for cdir in mnt.glob("sbx-*"):
+            subprocess.run(["lxc-stop", "-P", str(mnt), "-n", cdir.name, "-k"], capture_output=True)
+            subprocess.run(["lxc-destroy", "-P", str(mnt), "-n", cdir.name], capture_output=True)
+        subprocess.run(["umount", str(mnt)], check=True)
