@@ -81,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     gc = sub.add_parser("gc", help="remove half-made, expired (and with --dead-owners orphaned) sandboxes")
     gc.add_argument("--dead-owners", action="store_true", help="also those whose creating process died")
     gc.add_argument("--dry-run", action="store_true")
+
+    rp = sub.add_parser("reaper", help="destroy expired sandboxes and those whose owner died, every N s")
+    rp.add_argument("--interval", type=_positive_float, default=30.0, metavar="SECONDS")
+    rp.add_argument("--once", action="store_true", help="one sweep (e.g. from cron), then exit")
     return p
 
 
@@ -138,9 +142,10 @@ class _Cli:
         assert stream.result is not None
         return stream.result.exit_code
 
-    def _create(self, mgr: Manager) -> Sandbox:
+    def _create(self, mgr: Manager, *, detached: bool = False) -> Sandbox:
         a = self.args
         return mgr.create(
+            detached=detached,
             cpus=a.cpus,
             memory_mb=a.memory,
             disk_gb=a.disk,
@@ -163,7 +168,7 @@ class _Cli:
             self.progress("done")
             return code
         if a.cmd == "create":
-            sb = self._create(mgr)
+            sb = self._create(mgr, detached=True)  # outlives this command; its TTL ends it
             sb.close()
             self.out(_record_json(sb.record), sb.id)
             return 0
@@ -206,6 +211,13 @@ class _Cli:
                 "\n".join(f"{verb} {r.sandbox_id}: {r.reason}" for r in removed) or "nothing to collect",
             )
             return 0
+        if a.cmd == "reaper":
+            while True:
+                for reaped in mgr.gc(dead_owners=True):
+                    print(f"reaped {reaped.sandbox_id}: {reaped.reason}", flush=True)
+                if a.once:
+                    return 0
+                time.sleep(a.interval)  # the reaper's period
         raise ConfigError(f"unknown command {a.cmd!r}")
 
 

@@ -124,12 +124,15 @@ class Manager:
         internet: bool = False,
         labels: Mapping[str, str] | None = None,
         ttl_s: int | None = None,
+        detached: bool = False,
         progress: Progress | None = None,
     ) -> Sandbox:
         """Clone the template, apply limits, start, connect; all or nothing.
 
         Any failure after the clone destroys what was made (container, address, nft element)
-        before the error is raised.
+        before the error is raised. ``ttl_s`` (default ``settings.default_ttl_s``) bounds its life:
+        ``gc``/the reaper destroy it once expired; ``detached=True`` means it does not belong to
+        this process (``gc(dead_owners=True)`` spares it when the process is gone).
         """
         spec = make_spec(
             hostname=hostname,
@@ -140,6 +143,7 @@ class Manager:
             internet=internet,
             labels=labels,
             ttl_s=ttl_s if ttl_s is not None else self.settings.default_ttl_s,
+            detached=detached,
         )
         if self.pool is not None:
             warm = self.pool.take()

@@ -59,6 +59,7 @@ class SandboxSpec:
     internet: bool = False
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     ttl_s: int | None = None
+    detached: bool = False  # no owner process: only the TTL ends it (gc --dead-owners spares it)
 
 
 @dataclasses.dataclass(frozen=True)

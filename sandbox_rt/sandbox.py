@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import posixpath
 import shlex
@@ -11,12 +12,14 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
+from .background import BackgroundProcess
 from .errors import ConfigError, ExecError, FileOperationError, SandboxError
+from .forward import PortForward
 from .models import ExecResult, OutputChunk, SandboxRecord, SandboxStatus
 from .ssh import RawResult, SSHExecutor
-from .validation import check_env, check_remote_path, check_timeout
+from .validation import check_env, check_remote_path, check_timeout, make_spec
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -84,6 +87,7 @@ class Sandbox:
         self._default_timeout = default_timeout_s
         self._destroyed = False
         self._lock = threading.Lock()
+        self._forwards: list[PortForward] = []
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -114,6 +118,7 @@ class Sandbox:
         t = check_timeout(timeout)
         return self._default_timeout if t is None else t
 
+    @overload
     def exec(
         self,
         command: Command,
@@ -123,14 +128,46 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
         check: bool = False,
-    ) -> ExecResult:
+        background: Literal[False] = False,
+    ) -> ExecResult: ...
+
+    @overload
+    def exec(
+        self,
+        command: Command,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        check: bool = False,
+        background: Literal[True],
+    ) -> BackgroundProcess: ...
+
+    def exec(
+        self,
+        command: Command,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        check: bool = False,
+        background: bool = False,
+    ) -> ExecResult | BackgroundProcess:
         """Run a command as the sandbox user and wait for it.
 
         A non-zero exit is a result (``exit_code``), unless ``check=True`` (then ExecError).
         On timeout the whole process group is killed and CommandTimeout carries the output so far.
         Background processes (``cmd &``) keep running and do not hold the call.
+        With ``background=True`` it returns at once a :class:`BackgroundProcess` handle (pid,
+        ``wait``, ``kill``, ``logs``); the command survives the SSH channel.
         """
         text, t, cwd_, env_, data = self._prepare(command, timeout, cwd, env, stdin)
+        if background:
+            if stdin is not None or check:
+                raise ConfigError("background=True takes neither stdin nor check")
+            return BackgroundProcess.start(self, text, cwd=cwd_, env=env_)
         started = time.monotonic()
         raw = self._ssh.run(text, timeout=t, cwd=cwd_, env=env_, stdin=data)
         result = ExecResult(text, raw.stdout, raw.stderr, raw.exit_code, time.monotonic() - started)
@@ -279,11 +316,40 @@ class Sandbox:
             expires_at=self.record.expires_at,
         )
 
+    def expose(self, port: int, *, host: str = "127.0.0.1", host_port: int = 0) -> PortForward:
+        """Forward ``host:host_port`` (loopback and a free port by default) to ``port`` in the sandbox.
+
+        The forward lives in this process and ends with :meth:`close`/:meth:`destroy`.
+        """
+        self._check_alive()
+        for name, value in (("port", port), ("host_port", host_port)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+                raise ConfigError(f"{name}={value!r} must be a TCP port number")
+        if port == 0:
+            raise ConfigError("port=0 is not a port in the sandbox")
+        try:
+            fwd = PortForward((self.ip, port), (host, host_port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{host_port}: {exc.strerror}") from exc
+        self._forwards.append(fwd)
+        return fwd
+
+    def _close_forwards(self) -> None:
+        while self._forwards:
+            self._forwards.pop().close()
+
+    def extend(self, ttl_s: int) -> None:
+        """Let the sandbox live ``ttl_s`` seconds from now (E2B's ``set_timeout``)."""
+        self._check_alive()
+        spec = make_spec(**{**dataclasses.asdict(self.record.spec), "ttl_s": ttl_s})
+        self.record = self._backend.update(self.record, spec)
+
     def is_connected(self) -> bool:
         return not self._destroyed and self._ssh.is_connected()
 
     def close(self) -> None:
-        """Drop the SSH connection; the sandbox keeps running (see :meth:`destroy`)."""
+        """Drop the SSH connection and port forwards; the sandbox keeps running (see :meth:`destroy`)."""
+        self._close_forwards()
         self._ssh.close()
 
     def destroy(self) -> None:
@@ -291,6 +357,7 @@ class Sandbox:
         with self._lock:
             if self._destroyed:
                 return
+            self._close_forwards()
             self._ssh.close()
             self._backend.destroy(self.id)
             self._destroyed = True

@@ -59,6 +59,7 @@ def make_spec(
     internet: bool = False,
     labels: Mapping[str, str] | None = None,
     ttl_s: int | None = None,
+    detached: bool = False,
     host_cpus: int | None = None,
 ) -> SandboxSpec:
     """Validate ``create`` arguments into a :class:`SandboxSpec` or raise ConfigError."""
@@ -77,8 +78,9 @@ def make_spec(
     p = _number("pids_max", pids_max, integer=True)
     if not 16 <= p <= 1 << 22:
         raise ConfigError(f"pids_max={pids_max!r} must be between 16 and {1 << 22}")
-    if not isinstance(internet, bool):
-        raise ConfigError(f"internet={internet!r} must be True or False")
+    for flag_name, flag in (("internet", internet), ("detached", detached)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"{flag_name}={flag!r} must be True or False")
     if ttl_s is not None:
         t = _number("ttl_s", ttl_s, integer=True)
         if not 0 < t <= MAX_TTL_S:
@@ -99,6 +101,7 @@ def make_spec(
         internet=internet,
         labels=clean_labels,
         ttl_s=int(ttl_s) if ttl_s is not None else None,
+        detached=detached,
     )
 
 

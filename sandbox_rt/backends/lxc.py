@@ -67,6 +67,8 @@ def process_start_time(pid: int) -> int | None:
 
 
 def owner_alive(pid: int, start_time: int | None, host: str) -> bool:
+    if pid == 0:
+        return True  # a detached sandbox has no owner process to outlive
     if host != socket.gethostname():
         return True  # another machine's process: we cannot tell, so never treat it as dead
     current = process_start_time(pid)
@@ -251,7 +253,7 @@ class LxcBackend:
         ip = self.pool.allocate(self._addresses_in_use, commit)
         host_pub = self._seed_rootfs(cdir, hostname, ip)
         now = time.time()
-        pid = os.getpid()
+        pid = 0 if spec.detached else os.getpid()
         record = SandboxRecord(
             id=sandbox_id,
             hostname=hostname,

@@ -268,7 +268,7 @@ class ProxmoxBackend:
         template = self._ct(node, self.settings.pve_template_vmid)
         hostname = spec.hostname or sandbox_id
         now = time.time()
-        pid = os.getpid()
+        pid = 0 if spec.detached else os.getpid()
         draft = SandboxRecord(
             id=sandbox_id,
             hostname=hostname,

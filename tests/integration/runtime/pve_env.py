@@ -39,7 +39,6 @@ PRIVILEGES = [
     "VM.Config.Options",
     "VM.Config.Disk",
     "Datastore.AllocateSpace",
-    "Datastore.Audit",
     "SDN.Use",
 ]
 

@@ -1,0 +1,494 @@
+"""The OpenAPI 3.1 document of the HTTP control API (:mod:`sandbox_rt.http_api`), served at
+``GET /openapi.json``. Kept as Python data beside the server so a unit test can check that every
+route and body field the server implements is documented, and that its answers match the schemas.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from . import __version__
+
+__all__ = ["openapi_document"]
+
+_SANDBOX_ID = {"type": "string", "pattern": "^sbx-[0-9a-f]{10}$", "examples": ["sbx-0123456789"]}
+_LABELS = {
+    "type": "object",
+    "propertyNames": {"pattern": "^[A-Za-z0-9_./-]{1,63}$"},
+    "additionalProperties": {"type": "string", "maxLength": 256},
+    "examples": [{"agent": "a1"}],
+}
+_NULLABLE_NUMBER = {"type": ["number", "null"]}
+_NULLABLE_INT = {"type": ["integer", "null"]}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: str) -> dict[str, Any]:
+    return {code: {"$ref": f"#/components/responses/E{code}"} for code in codes}
+
+
+_ERROR_TEXT = {
+    "400": "Invalid argument: malformed JSON, an unknown field, a wrong type or an out-of-range value "
+    "(the message names the field).",
+    "401": "Missing or wrong bearer token.",
+    "403": "The file operation was refused inside the sandbox (EACCES/EPERM).",
+    "404": "No such sandbox (or route, or file for the files endpoints).",
+    "405": "The path exists but not with this method (see the Allow header).",
+    "409": "Conflict: the sandbox is not running, or a path is a directory / not a directory.",
+    "411": "A body was sent without Content-Length (chunked uploads are not accepted).",
+    "413": "The request body is larger than the server's limit (64 MiB by default).",
+    "500": "Internal error (details only in the server's log).",
+    "502": "The container engine or the sandbox's SSH connection failed.",
+    "503": "The sandbox did not become reachable in time.",
+    "504": "The command ran past its timeout; its whole process group was killed. The error carries "
+    "the output so far (stdout, stderr in the request's encoding) and timeout_s.",
+    "507": "The sandbox's disk is full.",
+}
+
+_SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {
+                    "code": {
+                        "type": "string",
+                        "description": "Stable machine-readable code, e.g. invalid_argument, unauthorized, "
+                        "not_found, route_not_found, method_not_allowed, conflict, payload_too_large, "
+                        "command_timeout, file_not_found, file_permission_denied, file_conflict, "
+                        "connection_lost, backend_error, backend_permission_denied, sandbox_not_ready, "
+                        "insufficient_storage, internal_error.",
+                    },
+                    "message": {"type": "string", "description": "Human-readable; names the bad field."},
+                    "type": {"type": "string", "description": "The runtime's exception class."},
+                    "path": {"type": "string", "description": "File errors: the path in the sandbox."},
+                    "timeout_s": {"type": "number", "description": "command_timeout: the timeout."},
+                    "encoding": {"type": "string", "enum": ["utf-8", "base64"]},
+                    "stdout": {"type": "string", "description": "command_timeout: output so far."},
+                    "stderr": {"type": "string", "description": "command_timeout: output so far."},
+                    "limit_bytes": {"type": "integer", "description": "payload_too_large: the limit."},
+                },
+            }
+        },
+    },
+    "Health": {
+        "type": "object",
+        "required": ["status", "version"],
+        "properties": {"status": {"const": "ok"}, "version": {"type": "string"}},
+    },
+    "CreateSandboxRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "The arguments of sandbox_rt.Manager.create(); every field is optional.",
+        "properties": {
+            "hostname": {
+                "type": ["string", "null"],
+                "pattern": "^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$",
+                "description": "RFC 1123 host name (default: the sandbox id).",
+            },
+            "cpus": {"type": "number", "exclusiveMinimum": 0, "default": 1, "description": "<= host cores"},
+            "memory_mb": {"type": "integer", "minimum": 64, "default": 1024},
+            "disk_gb": {"type": "integer", "minimum": 1, "maximum": 4096, "default": 8},
+            "pids_max": {"type": "integer", "minimum": 16, "maximum": 4194304, "default": 1024},
+            "internet": {"type": "boolean", "default": False, "description": "HTTP/HTTPS egress allowed"},
+            "labels": {**_LABELS, "type": ["object", "null"]},
+            "ttl_s": {
+                "type": ["integer", "null"],
+                "minimum": 1,
+                "maximum": 2592000,
+                "description": "Lifetime in seconds; gc/the reaper destroy it afterwards "
+                "(default: the host's default_ttl_s).",
+            },
+            "detached": {
+                "type": "boolean",
+                "default": True,
+                "description": "True (the API's default): the sandbox lives by its TTL, not by the "
+                "server process, so a server restart does not make it an orphan.",
+            },
+        },
+    },
+    "ResourceUsage": {
+        "type": "object",
+        "description": "Read from the host's cgroups; null where the engine cannot tell.",
+        "properties": {
+            "memory_bytes": _NULLABLE_INT,
+            "memory_peak_bytes": _NULLABLE_INT,
+            "cpu_time_s": _NULLABLE_NUMBER,
+            "pids": _NULLABLE_INT,
+        },
+    },
+    "SandboxStatus": {
+        "type": "object",
+        "required": [
+            "id",
+            "state",
+            "ip",
+            "hostname",
+            "cpus",
+            "memory_mb",
+            "disk_gb",
+            "internet",
+            "uptime_s",
+            "usage",
+            "labels",
+            "expires_at",
+        ],
+        "properties": {
+            "id": _SANDBOX_ID,
+            "state": {"type": "string", "examples": ["running", "stopped"]},
+            "ip": {"type": "string"},
+            "hostname": {"type": "string"},
+            "cpus": {"type": "number"},
+            "memory_mb": {"type": "integer"},
+            "disk_gb": {"type": "integer"},
+            "internet": {"type": "boolean", "description": "Internet access is allowed now."},
+            "uptime_s": _NULLABLE_NUMBER,
+            "usage": _ref("ResourceUsage"),
+            "labels": _LABELS,
+            "expires_at": {**_NULLABLE_NUMBER, "description": "Unix time after which gc destroys it."},
+        },
+    },
+    "SandboxInfo": {
+        "type": "object",
+        "description": "A list entry: what the engine knows without connecting to the sandbox.",
+        "required": [
+            "id",
+            "hostname",
+            "ip",
+            "backend",
+            "created_at",
+            "expires_at",
+            "labels",
+            "cpus",
+            "memory_mb",
+            "disk_gb",
+            "pids_max",
+        ],
+        "properties": {
+            "id": _SANDBOX_ID,
+            "hostname": {"type": "string"},
+            "ip": {"type": "string"},
+            "backend": {"type": "string", "examples": ["lxc", "proxmox"]},
+            "created_at": {"type": "number", "description": "Unix time"},
+            "expires_at": _NULLABLE_NUMBER,
+            "labels": _LABELS,
+            "cpus": {"type": "number"},
+            "memory_mb": {"type": "integer"},
+            "disk_gb": {"type": "integer"},
+            "pids_max": {"type": "integer"},
+        },
+    },
+    "SandboxList": {
+        "type": "object",
+        "required": ["sandboxes"],
+        "properties": {"sandboxes": {"type": "array", "items": _ref("SandboxInfo")}},
+    },
+    "ExecRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["command"],
+        "properties": {
+            "command": {
+                "oneOf": [
+                    {"type": "string", "minLength": 1, "description": "Run by bash as written."},
+                    {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {"type": "string"},
+                        "description": "An exact argv, quoted word by word.",
+                    },
+                ]
+            },
+            "timeout": {
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "description": "Seconds; on expiry the command's process group is killed (504 or an "
+                "error event). Default: the host's command_timeout_s.",
+            },
+            "cwd": {"type": ["string", "null"], "description": "Absolute path in the sandbox."},
+            "env": {
+                "type": ["object", "null"],
+                "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                "additionalProperties": {"type": "string"},
+            },
+            "stdin": {"type": ["string", "null"], "description": "Standard input as UTF-8 text."},
+            "stdin_b64": {
+                "type": ["string", "null"],
+                "contentEncoding": "base64",
+                "description": "Standard input as base64 bytes (at most one of stdin, stdin_b64).",
+            },
+            "encoding": {
+                "type": "string",
+                "enum": ["utf-8", "base64"],
+                "default": "utf-8",
+                "description": "How stdout/stderr are given back: UTF-8 text (undecodable bytes become "
+                "U+FFFD) or base64 of the exact bytes. Applies to SSE data as well.",
+            },
+            "stream": {
+                "type": "boolean",
+                "description": "true: answer with server-sent events. Default: true if the Accept header "
+                "names text/event-stream, else false.",
+            },
+        },
+    },
+    "ExecResult": {
+        "type": "object",
+        "required": ["command", "exit_code", "duration_s", "encoding", "stdout", "stderr"],
+        "properties": {
+            "command": {"type": "string", "description": "The command line as run."},
+            "exit_code": {"type": "integer", "description": "Non-zero exits are results, not errors."},
+            "duration_s": {"type": "number"},
+            "encoding": {"type": "string", "enum": ["utf-8", "base64"]},
+            "stdout": {"type": "string"},
+            "stderr": {"type": "string"},
+        },
+    },
+    "ExecOutputEvent": {
+        "type": "object",
+        "description": "data of an `event: stdout` / `event: stderr` server-sent event.",
+        "required": ["data"],
+        "properties": {"data": {"type": "string", "description": "A chunk in the request's encoding."}},
+    },
+    "ExecExitEvent": {
+        "type": "object",
+        "description": "data of the final `event: exit` server-sent event.",
+        "required": ["command", "exit_code", "duration_s"],
+        "properties": {
+            "command": {"type": "string"},
+            "exit_code": {"type": "integer"},
+            "duration_s": {"type": "number"},
+        },
+    },
+    "ExecErrorEvent": {
+        "type": "object",
+        "description": "data of a final `event: error` server-sent event (instead of exit): the HTTP "
+        "status the error would have had, and the Error body (without the output, already streamed).",
+        "required": ["status", "error"],
+        "properties": {
+            "status": {"type": "integer"},
+            "error": {"$ref": "#/components/schemas/Error/properties/error"},
+        },
+    },
+    "InternetRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["enabled"],
+        "properties": {"enabled": {"type": "boolean"}},
+    },
+    "InternetState": {
+        "type": "object",
+        "required": ["id", "internet"],
+        "properties": {"id": _SANDBOX_ID, "internet": {"type": "boolean"}},
+    },
+    "FileWritten": {
+        "type": "object",
+        "required": ["path", "size"],
+        "properties": {"path": {"type": "string"}, "size": {"type": "integer", "minimum": 0}},
+    },
+}
+
+_ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": _SANDBOX_ID}
+_PATH_PARAM = {
+    "name": "path",
+    "in": "query",
+    "required": True,
+    "description": "Absolute path of the file inside the sandbox.",
+    "schema": {"type": "string", "pattern": "^/"},
+}
+
+_SSE_DESCRIPTION = """\
+Server-sent events (with `"stream": true` or `Accept: text/event-stream`). Each chunk of output
+is sent as soon as the command prints it:
+
+    event: stdout
+    data: {"data": "1\\n"}
+
+    event: stderr
+    data: {"data": "warning\\n"}
+
+    event: exit
+    data: {"command": "...", "exit_code": 0, "duration_s": 3.02}
+
+`data` is a JSON object on one line: ExecOutputEvent for stdout/stderr (text or base64 as the
+request's `encoding` says), ExecExitEvent for the last event. If the command cannot finish
+(timeout, lost connection) the last event is `event: error` with an ExecErrorEvent instead.
+Errors found before the command starts (bad body, unknown sandbox) are ordinary JSON errors.
+"""
+
+_PATHS: dict[str, Any] = {
+    "/healthz": {
+        "get": {
+            "operationId": "health",
+            "summary": "Liveness probe (no authentication)",
+            "security": [],
+            "responses": {"200": _json(_ref("Health"), "The server is up.")},
+        }
+    },
+    "/openapi.json": {
+        "get": {
+            "operationId": "openapi",
+            "summary": "This OpenAPI document (no authentication)",
+            "security": [],
+            "responses": {"200": _json({"type": "object"}, "The OpenAPI 3.1 document.")},
+        }
+    },
+    "/v1/sandboxes": {
+        "post": {
+            "operationId": "createSandbox",
+            "summary": "Create a sandbox (clone, limits, start, SSH-ready; all or nothing)",
+            "requestBody": {
+                "required": False,
+                "content": {"application/json": {"schema": _ref("CreateSandboxRequest")}},
+            },
+            "responses": {
+                "201": {
+                    **_json(_ref("SandboxStatus"), "Created and running."),
+                    "headers": {
+                        "Location": {"schema": {"type": "string"}, "description": "/v1/sandboxes/{id}"}
+                    },
+                },
+                **_errors("400", "401", "413", "500", "502", "503"),
+            },
+        },
+        "get": {
+            "operationId": "listSandboxes",
+            "summary": "List sandboxes, optionally only those with all the given labels",
+            "parameters": [
+                {
+                    "name": "label",
+                    "in": "query",
+                    "required": False,
+                    "description": "KEY=VALUE; repeat for several (all must match).",
+                    "style": "form",
+                    "explode": True,
+                    "schema": {"type": "array", "items": {"type": "string", "pattern": "^[^=]+=.*$"}},
+                }
+            ],
+            "responses": {
+                "200": _json(_ref("SandboxList"), "The sandboxes."),
+                **_errors("400", "401", "502"),
+            },
+        },
+    },
+    "/v1/sandboxes/{id}": {
+        "parameters": [_ID_PARAM],
+        "get": {
+            "operationId": "getSandbox",
+            "summary": "State, limits, address, uptime, resource usage and internet access",
+            "responses": {
+                "200": _json(_ref("SandboxStatus"), "The sandbox's status."),
+                **_errors("400", "401", "404", "409", "502", "503"),
+            },
+        },
+        "delete": {
+            "operationId": "deleteSandbox",
+            "summary": "Destroy the sandbox and everything it holds",
+            "responses": {"204": {"description": "Destroyed."}, **_errors("400", "401", "404", "502")},
+        },
+    },
+    "/v1/sandboxes/{id}/exec": {
+        "parameters": [_ID_PARAM],
+        "post": {
+            "operationId": "execCommand",
+            "summary": "Run a command as the sandbox user; JSON result or server-sent events",
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref("ExecRequest")}},
+            },
+            "responses": {
+                "200": {
+                    "description": "The command ran (any exit code).",
+                    "content": {
+                        "application/json": {"schema": _ref("ExecResult")},
+                        "text/event-stream": {"schema": {"type": "string", "description": _SSE_DESCRIPTION}},
+                    },
+                },
+                **_errors("400", "401", "404", "409", "413", "502", "503", "504"),
+            },
+        },
+    },
+    "/v1/sandboxes/{id}/files": {
+        "parameters": [_ID_PARAM],
+        "get": {
+            "operationId": "readFile",
+            "summary": "Read a file (raw bytes)",
+            "parameters": [_PATH_PARAM],
+            "responses": {
+                "200": {
+                    "description": "The file's exact bytes.",
+                    "content": {"application/octet-stream": {"schema": {}}},
+                },
+                **_errors("400", "401", "403", "404", "409", "502"),
+            },
+        },
+        "put": {
+            "operationId": "writeFile",
+            "summary": "Write a file (raw body; parent directories are created)",
+            "parameters": [
+                _PATH_PARAM,
+                {
+                    "name": "mode",
+                    "in": "query",
+                    "required": False,
+                    "description": "Octal permissions, e.g. 644 or 0755.",
+                    "schema": {"type": "string", "pattern": "^0?[0-7]{3,4}$"},
+                },
+            ],
+            "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {}}}},
+            "responses": {
+                "200": _json(_ref("FileWritten"), "Written."),
+                **_errors("400", "401", "403", "404", "409", "411", "413", "502", "507"),
+            },
+        },
+    },
+    "/v1/sandboxes/{id}/internet": {
+        "parameters": [_ID_PARAM],
+        "post": {
+            "operationId": "setInternet",
+            "summary": "Allow or forbid the sandbox's HTTP/HTTPS traffic to the internet",
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref("InternetRequest")}},
+            },
+            "responses": {
+                "200": _json(_ref("InternetState"), "Applied."),
+                **_errors("400", "401", "404", "409", "502"),
+            },
+        },
+    },
+}
+
+_DOCUMENT: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "sandbox_rt control API",
+        "version": __version__,
+        "summary": "Ephemeral, hardened, network-isolated Linux sandboxes for LLM agents",
+        "description": "See docs/http-api.md. All /v1 routes need `Authorization: Bearer <token>`.",
+        "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
+    },
+    "servers": [{"url": "http://127.0.0.1:8787", "description": "the default bind address"}],
+    "security": [{"bearerAuth": []}],
+    "paths": _PATHS,
+    "components": {
+        "schemas": _SCHEMAS,
+        "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
+        "responses": {f"E{code}": _json(_ref("Error"), text) for code, text in _ERROR_TEXT.items()},
+    },
+}
+
+
+def openapi_document() -> dict[str, Any]:
+    """A fresh copy of the OpenAPI 3.1 document of the HTTP API."""
+    return copy.deepcopy(_DOCUMENT)
