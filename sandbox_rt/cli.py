@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -81,6 +82,12 @@ def _parser() -> argparse.ArgumentParser:
     gc = sub.add_parser("gc", help="remove half-made, expired (and with --dead-owners orphaned) sandboxes")
     gc.add_argument("--dead-owners", action="store_true", help="also those whose creating process died")
     gc.add_argument("--dry-run", action="store_true")
+
+    sv = sub.add_parser("serve", help="the HTTP control API (bearer token; loopback by default)")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8787)
+    sv.add_argument("--token-file", help="file with the bearer token (else $SANDBOX_RT_API_TOKEN)")
+    sv.add_argument("--max-body-mb", type=int, default=64)
 
     rp = sub.add_parser("reaper", help="destroy expired sandboxes and those whose owner died, every N s")
     rp.add_argument("--interval", type=_positive_float, default=30.0, metavar="SECONDS")
@@ -209,6 +216,21 @@ class _Cli:
             self.out(
                 [dataclasses.asdict(r) for r in removed],
                 "\n".join(f"{verb} {r.sandbox_id}: {r.reason}" for r in removed) or "nothing to collect",
+            )
+            return 0
+        if a.cmd == "serve":
+            from .http_api import load_token, serve
+
+            token = load_token(a.token_file)  # a missing token is a usage error before listening
+            logging.basicConfig(level=logging.WARNING if a.quiet else logging.INFO)
+            logging.getLogger("paramiko").setLevel(logging.WARNING)
+            serve(
+                mgr,
+                a.host,
+                a.port,
+                token=token,
+                max_body_bytes=a.max_body_mb << 20,
+                on_ready=lambda url: self.progress(f"listening on {url}"),
             )
             return 0
         if a.cmd == "reaper":

@@ -272,6 +272,11 @@ class LxcBackend:
     def _seed_rootfs(self, cdir: Path, hostname: str, ip: str) -> str:
         """Write per-clone identity into the overlay delta: host key, machine-id, names, resolver."""
         lower, upper = self._rootfs_dirs(cdir)
+        # the upper dir's root is the container's "/": give it the lower root's owner and mode
+        # (lxc-copy creates it under the caller's umask, e.g. 0700, which would lock out the user)
+        st = lower.stat()
+        os.chown(upper, st.st_uid, st.st_gid)
+        os.chmod(upper, st.st_mode & 0o7777)
         key = Ed25519PrivateKey.generate()
         private = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()

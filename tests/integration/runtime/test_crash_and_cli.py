@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -104,3 +105,16 @@ def test_cli_reaper_once_removes_expired_and_spares_detached(lxc_manager: Manage
     finally:
         expired.destroy()
         lxc_manager.destroy(keep_id)
+
+
+def test_create_works_under_a_strict_umask(lxc_manager: Manager) -> None:
+    """A service started with umask 077 (common for systemd units) still makes usable sandboxes."""
+    r = subprocess.run(
+        [sys.executable, "-m", "sandbox_rt.cli", "-q", "run", "--", "id -un"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.umask(0o077),
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "sandbox\n"
