@@ -34,6 +34,8 @@ from ..models import ResourceUsage, SandboxRecord, SandboxSpec
 from ..network import NftInternetSet
 from ..validation import SANDBOX_ID
 from .base import GcCandidate
+from .intents import CreateMarkers
+from .owner import owner_alive, process_start_time
 
 __all__ = ["LxcBackend", "cgroup_limit_lines", "owner_alive", "process_start_time"]
 
@@ -55,24 +57,6 @@ _OURS = (
 _LIMIT_KEYS = tuple(k for k in _OURS if k.startswith("lxc.cgroup"))  # the limit keys among them
 CPU_PERIOD_US = 100_000
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-def process_start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (guards against pid reuse), None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def owner_alive(pid: int, start_time: int | None, host: str) -> bool:
-    if pid == 0:
-        return True  # a detached sandbox has no owner process to outlive
-    if host != socket.gethostname():
-        return True  # another machine's process: we cannot tell, so never treat it as dead
-    current = process_start_time(pid)
-    return current is not None and (start_time is None or current == start_time)
 
 
 def cgroup_v1() -> bool:
@@ -130,6 +114,7 @@ class LxcBackend:
         self.path = settings.lxc_path
         self.runtime_dir = self.path / ".runtime"
         self.intents = self.runtime_dir / "creating"
+        self.markers = CreateMarkers(self.intents)
         net = settings.network
         self.pool = IpPool(
             settings.ip_pool_start,
@@ -201,20 +186,10 @@ class LxcBackend:
 
     # -- create steps ----------------------------------------------------------------------------
     def begin(self, sandbox_id: str) -> None:
-        self.intents.mkdir(parents=True, exist_ok=True)
-        pid = os.getpid()
-        intent = {
-            "id": sandbox_id,
-            "pid": pid,
-            "start_time": process_start_time(pid),
-            "host": socket.gethostname(),
-            "at": time.time(),
-        }
-        (self.intents / f"{sandbox_id}.json").write_text(json.dumps(intent))
+        self.markers.write(sandbox_id)
 
     def end(self, sandbox_id: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            (self.intents / f"{sandbox_id}.json").unlink()
+        self.markers.remove(sandbox_id)
 
     def clone(self, sandbox_id: str, spec: SandboxSpec) -> SandboxRecord:
         try:
@@ -558,20 +533,7 @@ class LxcBackend:
 
     # -- garbage collection ----------------------------------------------------------------------
     def gc_candidates(self, *, now: float, dead_owners: bool) -> builtins.list[GcCandidate]:
-        found: dict[str, str] = {}
-        live_intents: set[str] = set()
-        if self.intents.is_dir():
-            for intent_file in self.intents.glob("*.json"):
-                try:
-                    intent = json.loads(intent_file.read_text())
-                except (OSError, ValueError):
-                    found[intent_file.stem] = "unreadable create marker"
-                    continue
-                sid = str(intent.get("id", intent_file.stem))
-                if owner_alive(int(intent.get("pid", 0)), intent.get("start_time"), str(intent.get("host"))):
-                    live_intents.add(sid)
-                else:
-                    found[sid] = "creator died during create"
+        live_intents, found = self.markers.sweep()
         if self.path.is_dir():
             for entry in self.path.iterdir():
                 sid = entry.name

@@ -45,7 +45,8 @@ from ..errors import BackendError, ConfigError, PermissionDenied, SandboxNotFoun
 from ..ipam import mac_for_ip
 from ..models import ResourceUsage, SandboxRecord, SandboxSpec
 from .base import GcCandidate
-from .lxc import owner_alive, process_start_time
+from .intents import CreateMarkers
+from .owner import owner_alive, process_start_time
 
 __all__ = ["ProxmoxBackend"]
 
@@ -82,6 +83,7 @@ class ProxmoxBackend:
         self.net = settings.network
         self.state_dir = settings.state_dir / "proxmox"
         self.intents = self.state_dir / "creating"
+        self.markers = CreateMarkers(self.intents)
         self.task_timeout_s = 300.0
         self._template_node: str | None = None
 
@@ -237,24 +239,10 @@ class ProxmoxBackend:
 
     # -- create steps ----------------------------------------------------------------------------
     def begin(self, sandbox_id: str) -> None:
-        self._write_intent(sandbox_id, vmid=None)
-
-    def _write_intent(self, sandbox_id: str, vmid: int | None) -> None:
-        self.intents.mkdir(parents=True, exist_ok=True)
-        pid = os.getpid()
-        intent = {
-            "id": sandbox_id,
-            "vmid": vmid,
-            "pid": pid,
-            "start_time": process_start_time(pid),
-            "host": socket.gethostname(),
-            "at": time.time(),
-        }
-        (self.intents / f"{sandbox_id}.json").write_text(json.dumps(intent))
+        self.markers.write(sandbox_id, vmid=None)
 
     def end(self, sandbox_id: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            (self.intents / f"{sandbox_id}.json").unlink()
+        self.markers.remove(sandbox_id)
 
     def _record_line(self, record: SandboxRecord) -> str:
         data = dataclasses.asdict(record)
@@ -284,7 +272,7 @@ class ProxmoxBackend:
         vmid = 0
         for _attempt in range(8):
             vmid = int(self._call("clone", lambda: self.api.cluster.nextid.get()))
-            self._write_intent(sandbox_id, vmid)
+            self.markers.write(sandbox_id, vmid=vmid)
             try:
                 upid = self._retrying(
                     "clone",
@@ -419,11 +407,8 @@ class ProxmoxBackend:
         return True
 
     def _intent_vmid(self, sandbox_id: str) -> tuple[str, int] | None:
-        try:
-            intent = json.loads((self.intents / f"{sandbox_id}.json").read_text())
-        except (OSError, ValueError):
-            return None
-        if not intent.get("vmid"):
+        intent = self.markers.read(sandbox_id)
+        if not intent or not intent.get("vmid"):
             return None
         vmid = int(intent["vmid"])
         for r in self._resources():
@@ -518,19 +503,7 @@ class ProxmoxBackend:
 
     # -- garbage collection ----------------------------------------------------------------------
     def gc_candidates(self, *, now: float, dead_owners: bool) -> builtins.list[GcCandidate]:
-        found: dict[str, str] = {}
-        live: set[str] = set()
-        if self.intents.is_dir():
-            for f in self.intents.glob("*.json"):
-                with contextlib.suppress(OSError, ValueError):
-                    intent = json.loads(f.read_text())
-                    sid = str(intent["id"])
-                    if owner_alive(
-                        int(intent.get("pid", 0)), intent.get("start_time"), str(intent.get("host"))
-                    ):
-                        live.add(sid)
-                    else:
-                        found[sid] = "creator died during create"
+        live, found = self.markers.sweep()
         for r in self._ours():
             tags = _tags(r.get("tags"))
             tag_id = next((t for t in tags if re.fullmatch(r"sbx-[0-9a-f]{10}", t)), None)
