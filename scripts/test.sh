@@ -31,13 +31,14 @@ export PATH="$PWD/.venv/bin:$PATH"
 # workplace provides it (see DEVELOPERS.md, network safety).
 if [[ -x ../shared/netguard ]]; then ../shared/netguard; fi
 
-stage lint bash -c 'ruff check sandbox_rt tests benchmarks && mypy && yamllint -s . \
+stage lint bash -c 'ruff check sandbox_rt tests benchmarks molecule && mypy && yamllint -s . \
   && ansible-lint --offline -q && echo lint ok'
 
 if ((fast)); then
   marker=(-m "not slow")
 else
   stage provision ansible-playbook -i inventories/local site.yml
+  stage molecule ./scripts/molecule.sh
   marker=()
 fi
 
