@@ -314,13 +314,8 @@ class SSHExecutor:
         markers = _Markers()
         demux = _Demux(markers, sink)
         with self._channels:
+            chan = self._start_channel(markers.wrap(command, cwd, env or {}))
             try:
-                chan = self._transport().open_session(timeout=self._connect_timeout)
-            except (paramiko.SSHException, OSError, EOFError) as exc:
-                self._drop_broken()
-                raise ConnectionLost(f"cannot open a channel to {self.host}: {exc}") from exc
-            try:
-                chan.exec_command(markers.wrap(command, cwd, env or {}))
                 if stdin:
                     chan.sendall(stdin)
                 chan.shutdown_write()
@@ -339,6 +334,29 @@ class SSHExecutor:
             code = chan.recv_exit_status() if chan.exit_status_ready() else -1
             return RawResult(bytes(demux.out), bytes(demux.err), code)
         return RawResult(bytes(demux.out), bytes(demux.err), demux.exit_code)
+
+    def _start_channel(self, wrapped: str, attempts: int = 4) -> paramiko.Channel:
+        """Open a session channel and start ``wrapped`` in it.
+
+        sshd may refuse a session request under load (a failed fork answers "Channel closed"):
+        nothing ran then, so it is safe to ask again, with a short back-off.
+        """
+        for attempt in range(attempts):
+            try:
+                chan = self._transport().open_session(timeout=self._connect_timeout)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                self._drop_broken()
+                raise ConnectionLost(f"cannot open a channel to {self.host}: {exc}") from exc
+            try:
+                chan.exec_command(wrapped)
+                return chan
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                chan.close()
+                if attempt == attempts - 1 or not self.is_connected():
+                    self._drop_broken()
+                    raise ConnectionLost(f"{self.host} refused to start a command: {exc}") from exc
+            time.sleep(0.05 * (attempt + 1))  # back-off before asking sshd again
+        raise AssertionError("unreachable")
 
     def _pump(self, chan: paramiko.Channel, demux: _Demux, command: str, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
