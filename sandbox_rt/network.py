@@ -38,17 +38,19 @@ class NftInternetSet:
         addr = ipaddress.IPv4Address(ip)
         self._nft("add", "element", self.family, self.table, self.set_name, f"{{ {addr} }}")
 
-    def remove(self, ip: str) -> None:
-        """Remove ``ip``; absent is fine (idempotent)."""
+    def remove(self, ip: str) -> bool:
+        """Remove ``ip``; absent is fine (idempotent). True if it was in the set."""
         addr = ipaddress.IPv4Address(ip)
-        if str(addr) in self.members():
-            proc = self._nft(
-                "delete", "element", self.family, self.table, self.set_name, f"{{ {addr} }}", check=False
+        if str(addr) not in self.members():
+            return False
+        proc = self._nft(
+            "delete", "element", self.family, self.table, self.set_name, f"{{ {addr} }}", check=False
+        )
+        if proc.returncode != 0 and str(addr) in self.members():
+            raise BackendError(
+                f"cannot remove {addr} from {self.set_name}", step="internet", detail=proc.stderr
             )
-            if proc.returncode != 0 and str(addr) in self.members():
-                raise BackendError(
-                    f"cannot remove {addr} from {self.set_name}", step="internet", detail=proc.stderr
-                )
+        return True
 
     def members(self) -> set[str]:
         proc = self._nft("-j", "list", "set", self.family, self.table, self.set_name)

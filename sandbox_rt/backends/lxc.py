@@ -418,7 +418,8 @@ class LxcBackend:
             ip = str(ipaddress.IPv4Interface(addr).ip) if addr else None
         if ip is not None:
             with contextlib.suppress(BackendError):  # the table may be gone; the address goes with the CT
-                self.internet.remove(ip)
+                if self.internet.remove(ip):
+                    self._forget_connections(ip)
         if existed:
             if self.state(sandbox_id) != "stopped":
                 proc = subprocess.run(
@@ -524,9 +525,13 @@ class LxcBackend:
             self.internet.add(record.ip)
         else:
             self.internet.remove(record.ip)
-            # established connections die with the permission (conntrack is installed by the role)
-            with contextlib.suppress(FileNotFoundError, subprocess.TimeoutExpired):
-                subprocess.run(["conntrack", "-D", "-s", record.ip], capture_output=True, timeout=10)
+            self._forget_connections(record.ip)
+
+    @staticmethod
+    def _forget_connections(ip: str) -> None:
+        """Established connections die with the permission (conntrack is installed by the role)."""
+        with contextlib.suppress(FileNotFoundError, subprocess.TimeoutExpired):
+            subprocess.run(["conntrack", "-D", "-s", ip], capture_output=True, timeout=10)
 
     def internet_enabled(self, record: SandboxRecord) -> bool:
         return self.internet.contains(record.ip)

@@ -1,0 +1,1172 @@
+"""One ``check_...`` function per control (or per part of one): each returns quietly when the control
+holds and raises :class:`Violation` naming the control when it does not. The control tests call them
+on real sandboxes; the negative proofs (test_proofs.py) call the same functions on a throw-away setup
+with the protection removed and expect a Violation, so no check can pass vacuously.
+
+Preconditions of a check (the probe target answers, the host reaches the lan, ...) are plain
+``assert``s, never Violations: a broken test setup must not look like a working protection.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import functools
+import json
+import re
+import secrets
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import paramiko
+import yaml
+from testinfra.host import Host
+
+import sandbox_rt
+from sandbox_rt.network import NftInternetSet
+
+from .hosts import pinned_client
+from .testnet import SimNet
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE_SOURCE = Path(__file__).with_name("probe.py")
+PROBE = "/tmp/.hardening-probe.py"
+CGROUP = Path("/sys/fs/cgroup")
+CGROUP_V1 = (CGROUP / "memory" / "memory.limit_in_bytes").exists()
+LEASES = Path("/var/lib/sandbox_rt/dnsmasq/leases")
+# Linux capability numbers (include/uapi/linux/capability.h) of the caps the template drops.
+CAPS = {
+    "chown": 0, "dac_override": 1, "dac_read_search": 2, "fowner": 3, "fsetid": 4, "kill": 5,
+    "setgid": 6, "setuid": 7, "setpcap": 8, "linux_immutable": 9, "net_bind_service": 10,
+    "net_broadcast": 11, "net_admin": 12, "net_raw": 13, "ipc_lock": 14, "ipc_owner": 15,
+    "sys_module": 16, "sys_rawio": 17, "sys_chroot": 18, "sys_ptrace": 19, "sys_pacct": 20,
+    "sys_admin": 21, "sys_boot": 22, "sys_nice": 23, "sys_resource": 24, "sys_time": 25,
+    "sys_tty_config": 26, "mknod": 27, "lease": 28, "audit_write": 29, "audit_control": 30,
+    "setfcap": 31, "mac_override": 32, "mac_admin": 33, "syslog": 34, "wake_alarm": 35,
+    "block_suspend": 36, "audit_read": 37, "perfmon": 38, "bpf": 39, "checkpoint_restore": 40,
+}  # fmt: skip
+
+
+class Violation(AssertionError):
+    """A control does not hold."""
+
+    def __init__(self, control: str, message: str) -> None:
+        super().__init__(f"{control} violated: {message}")
+        self.control = control
+
+
+def violated(control: str, message: str) -> NoReturn:
+    raise Violation(control, message)
+
+
+def require(control: str, ok: object, message: str) -> None:
+    if not ok:
+        violated(control, message)
+
+
+# -- what the checks run against ------------------------------------------------------------------
+@dataclasses.dataclass
+class Target:
+    """A sandbox and the ways into it: the runtime API, testinfra as the user (pinned SSH) and as
+    container root (lxc-attach)."""
+
+    sb: sandbox_rt.Sandbox
+    user: Host
+    root: Host
+    known_hosts: Path
+    settings: sandbox_rt.Settings
+
+    @property
+    def id(self) -> str:
+        return self.sb.id
+
+    @property
+    def ip(self) -> str:
+        return self.sb.ip
+
+
+@functools.cache
+def role_defaults(role: str) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())
+    return data
+
+
+def host_run(*cmd: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def run_user(t: Target, command: str, timeout: float = 30) -> sandbox_rt.ExecResult:
+    return t.sb.exec(command, timeout=timeout)
+
+
+def run_root(t: Target, command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return host_run(
+        "lxc-attach",
+        "-P",
+        str(t.settings.lxc_path),
+        "-n",
+        t.id,
+        "--clear-env",
+        "--",
+        "/bin/sh",
+        "-c",
+        command,
+        timeout=timeout,
+    )
+
+
+def _ensure_probe(t: Target) -> None:
+    if run_user(t, f"test -s {PROBE}", timeout=10).exit_code != 0:
+        t.sb.write_file(PROBE, PROBE_SOURCE.read_bytes())
+
+
+def probe(t: Target, *args: object, timeout: float = 30) -> dict[str, Any]:
+    """Run a probe (probe.py) in the sandbox as its user; its JSON answer."""
+    _ensure_probe(t)
+    r = t.sb.exec(["python3", PROBE, *map(str, args)], timeout=timeout)
+    assert r.exit_code == 0, f"probe {args} failed: {r.stderr_text}"
+    out: dict[str, Any] = json.loads(r.text.strip().splitlines()[-1])
+    return out
+
+
+def root_probe(t: Target, *args: object, timeout: float = 30) -> dict[str, Any]:
+    """Run a probe as container root (raw sockets for ICMP)."""
+    _ensure_probe(t)
+    r = run_root(t, " ".join(["python3", PROBE, *map(str, args)]), timeout=timeout)
+    assert r.returncode == 0, f"root probe {args} failed: {r.stderr}"
+    out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    return out
+
+
+def parallel(*calls: Callable[[], Any]) -> list[Any]:
+    """Run independent probes at once (each blocked one waits out its timeout); results in order."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        return [f.result() for f in [pool.submit(call) for call in calls]]
+
+
+def sweep(t: Target, targets: Iterable[str], timeout: float = 1.5) -> set[tuple[str, int]]:
+    res = probe(t, "sweep", timeout, *targets, timeout=timeout + 30)
+    return {(h, int(p)) for h, p in res["open"]}
+
+
+def init_pid(t: Target) -> int:
+    out = host_run("lxc-info", "-P", str(t.settings.lxc_path), "-n", t.id, "-p", "-H").stdout.strip()
+    assert out.isdigit(), f"{t.id} has no init pid ({out!r})"
+    return int(out)
+
+
+def proc_status(pid: int | str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        out[key] = value.strip()
+    return out
+
+
+def config_values(sandbox_id: str, key: str, lxc_path: Path) -> list[str]:
+    out = []
+    for line in (lxc_path / sandbox_id / "config").read_text().splitlines():
+        k, sep, v = line.partition("=")
+        if sep and k.strip() == key:
+            out.append(v.strip())
+    return out
+
+
+def cgroup_dir(sandbox_id: str, controller: str) -> Path:
+    group = f"lxc.payload.{sandbox_id}"
+    return CGROUP / controller / group if CGROUP_V1 else CGROUP / group
+
+
+def cgroup_read(sandbox_id: str, controller: str, v1_file: str, v2_file: str) -> str:
+    name = v1_file if CGROUP_V1 else v2_file
+    return (cgroup_dir(sandbox_id, controller) / name).read_text().strip()
+
+
+def sshd_settings(t: Target) -> dict[str, list[str]]:
+    """``sshd -T`` (effective configuration for a sandbox login) as {key: [values]}."""
+    r = t.root.run("/usr/sbin/sshd -T -C user=sandbox,host=probe,addr=10.99.0.1")
+    assert r.rc == 0, f"sshd -T failed: {r.stderr}"
+    out: dict[str, list[str]] = {}
+    for line in r.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        out.setdefault(key.lower(), []).append(value.strip())
+    return out
+
+
+def sshd_value(settings: dict[str, list[str]], key: str) -> str:
+    return " ".join(settings.get(key, [""]))
+
+
+# -- SBX-USER -------------------------------------------------------------------------------------
+def check_user_unprivileged(t: Target) -> None:
+    c = "SBX-USER-01"
+    name = t.settings.ssh_user
+    me = t.user.user()
+    require(c, me.name == name and me.uid != 0, f"logged in as {me.name} uid {me.uid}")
+    require(c, (me.uid, me.gid) == (1000, 1000), f"uid/gid {me.uid}/{me.gid}, not 1000/1000")
+    require(c, me.groups == [name], f"{name} is in groups {me.groups}")
+    cap_eff = t.user.run("grep CapEff /proc/self/status").stdout.split()[-1]
+    require(c, int(cap_eff, 16) == 0, f"the user's shell has capabilities {cap_eff}")
+    password = t.root.user(name).password
+    require(c, password.startswith(("!", "*")), f"{name} has a usable password hash")
+    home = t.root.file(f"/home/{name}")
+    require(c, home.user == name and home.mode == 0o750, f"home {home.user} {oct(home.mode)}")
+
+
+def check_no_sudo(t: Target) -> None:
+    c = "SBX-USER-02"
+    name = t.settings.ssh_user
+    r = run_user(t, "sudo -n true", timeout=20)
+    require(c, r.exit_code != 0, "`sudo -n true` succeeded as the sandbox user")
+    if t.root.exists("sudo"):
+        listing = t.root.run(f"sudo -n -l -U {name}").stdout
+        require(c, "is not allowed to run sudo" in listing, f"sudo -l -U {name}: {listing.strip()}")
+    sudoers = t.root.run("cat /etc/sudoers /etc/sudoers.d/* 2>/dev/null").stdout
+    entries = [ln for ln in sudoers.splitlines() if re.match(rf"^\s*{name}\b", ln)]
+    require(c, not entries, f"sudoers entries for {name}: {entries}")
+    privileged = set(role_defaults("sandbox_template")["sandbox_template_privileged_groups"])
+    groups = set(t.root.user(name).groups)
+    require(c, not groups & privileged, f"{name} is in privileged groups {groups & privileged}")
+
+
+def check_root_locked(t: Target) -> None:
+    password = t.root.user("root").password
+    require("SBX-USER-03", password.startswith(("*", "!")), "root has a usable password hash")
+
+
+def check_authorized_keys(t: Target) -> None:
+    c = "SBX-USER-04"
+    name = t.settings.ssh_user
+    runtime_key = Path(str(t.settings.ssh_key) + ".pub").read_text().split()[:2]
+    ssh_dir = t.root.file(f"/home/{name}/.ssh")
+    require(c, ssh_dir.user == name and ssh_dir.mode == 0o700, f".ssh {ssh_dir.user} {oct(ssh_dir.mode)}")
+    keys = t.root.file(f"/home/{name}/.ssh/authorized_keys")
+    require(c, keys.user == name and keys.mode == 0o600, f"authorized_keys {keys.user} {oct(keys.mode)}")
+    lines = [ln for ln in keys.content_string.splitlines() if ln.strip() and not ln.startswith("#")]
+    require(c, len(lines) == 1, f"{len(lines)} keys authorized, expected only the runtime's")
+    words = lines[0].split()
+    require(c, words[1:3] == runtime_key, "the authorized key is not the runtime's")
+    require(c, "restrict" in words[0].split(","), f"the key lacks `restrict`: {words[0]}")
+    others = t.root.run("ls /root/.ssh/authorized_keys* 2>/dev/null").stdout.split()
+    require(c, not others, f"root has authorized keys: {others}")
+
+
+# -- SBX-SSH --------------------------------------------------------------------------------------
+def _connect(t: Target, user: str, **kwargs: Any) -> paramiko.SSHClient:
+    key = None if "password" in kwargs else t.settings.ssh_key
+    return pinned_client(t.ip, user, t.known_hosts, key, **kwargs)
+
+
+def check_root_login_refused(t: Target) -> None:
+    c = "SBX-SSH-01"
+    require(c, sshd_value(sshd_settings(t), "permitrootlogin") == "no", "PermitRootLogin is not no")
+    try:
+        _connect(t, "root").close()
+    except paramiko.AuthenticationException:
+        return
+    violated(c, "root logged in with the runtime's key")
+
+
+def check_password_refused(t: Target) -> None:
+    c = "SBX-SSH-02"
+    try:
+        _connect(t, t.settings.ssh_user, password="hardening-test-password").close()
+    except paramiko.BadAuthenticationType as exc:
+        require(c, exc.allowed_types == ["publickey"], f"sshd offers {exc.allowed_types}")
+    except paramiko.AuthenticationException as exc:
+        violated(c, f"sshd tried the password (and refused it: {exc}): password auth is on")
+    else:
+        violated(c, "a password login succeeded")
+    cfg = sshd_settings(t)
+    for key, want in (
+        ("passwordauthentication", "no"),
+        ("kbdinteractiveauthentication", "no"),
+        ("permitemptypasswords", "no"),
+        ("authenticationmethods", "publickey"),
+    ):
+        require(c, sshd_value(cfg, key) == want, f"sshd {key} is {sshd_value(cfg, key)!r}, not {want!r}")
+
+
+def check_only_sandbox_user(t: Target) -> None:
+    c = "SBX-SSH-03"
+    allow = sshd_value(sshd_settings(t), "allowusers")
+    require(c, allow == t.settings.ssh_user, f"AllowUsers is {allow!r}")
+    try:
+        _connect(t, "daemon").close()
+    except paramiko.AuthenticationException:
+        return
+    violated(c, "user daemon logged in")
+
+
+def check_no_forwarding(t: Target) -> None:
+    c = "SBX-SSH-04"
+    cfg = sshd_settings(t)
+    for key in (
+        "allowtcpforwarding",
+        "allowstreamlocalforwarding",
+        "x11forwarding",
+        "allowagentforwarding",
+        "permittunnel",
+        "gatewayports",
+        "permituserenvironment",
+        "permituserrc",
+    ):
+        require(c, sshd_value(cfg, key) == "no", f"sshd {key} is {sshd_value(cfg, key)!r}")
+    client = _connect(t, t.settings.ssh_user)
+    try:
+        transport = client.get_transport()
+        assert transport is not None
+        try:
+            chan = transport.open_channel("direct-tcpip", ("127.0.0.1", 22), ("127.0.0.1", 40000), timeout=10)
+        except paramiko.ChannelException:
+            return
+        chan.close()
+        violated(c, "sshd opened a direct-tcpip (port forwarding) channel")
+    finally:
+        client.close()
+
+
+def check_host_key(t: Target) -> None:
+    c = "SBX-SSH-05"
+    keys = sshd_settings(t).get("hostkey", [])
+    require(c, keys == ["/etc/ssh/ssh_host_ed25519_key"], f"sshd host keys: {keys}")
+    files = sorted(t.root.run("ls /etc/ssh").stdout.split())
+    host_files = [f for f in files if f.startswith("ssh_host_")]
+    require(
+        c, host_files == ["ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"], f"host key files {host_files}"
+    )
+    client = _connect(t, t.settings.ssh_user)
+    try:
+        transport = client.get_transport()
+        assert transport is not None
+        served = transport.get_remote_server_key()
+        pinned = t.sb.record.host_key.split()
+        require(c, [served.get_name(), served.get_base64()] == pinned[:2], "served host key != pinned key")
+    finally:
+        client.close()
+
+
+def check_sshd_limits(t: Target) -> None:
+    c = "SBX-SSH-06"
+    d = role_defaults("sandbox_template")
+    cfg = sshd_settings(t)
+    want = {
+        "maxsessions": str(d["sandbox_template_sshd_max_sessions"]),
+        "maxstartups": str(d["sandbox_template_sshd_max_startups"]),
+        "maxauthtries": str(d["sandbox_template_sshd_max_auth_tries"]),
+        "logingracetime": str(d["sandbox_template_sshd_login_grace_time"]),
+        "usedns": "no",
+    }
+    for key, value in want.items():
+        require(c, sshd_value(cfg, key) == value, f"sshd {key} is {sshd_value(cfg, key)!r}, not {value!r}")
+
+
+# -- SBX-LIM --------------------------------------------------------------------------------------
+def _check_limit(t: Target, control: str, flag: str, soft: int, hard: int) -> None:
+    out = t.user.run(f"ulimit -S{flag}; ulimit -H{flag}").stdout.split()
+    require(control, out == [str(soft), str(hard)], f"ulimit -{flag} soft/hard {out}, not {soft}/{hard}")
+    raise_hard = t.user.run(f"bash -c 'ulimit -H{flag} {hard + 1}'")
+    require(control, raise_hard.rc != 0, f"the user raised the hard -{flag} limit")
+
+
+def check_nproc(t: Target) -> None:
+    d = role_defaults("sandbox_template")
+    _check_limit(t, "SBX-LIM-01", "u", d["sandbox_template_nproc_soft"], d["sandbox_template_nproc_hard"])
+
+
+def check_nofile(t: Target) -> None:
+    d = role_defaults("sandbox_template")
+    _check_limit(t, "SBX-LIM-02", "n", d["sandbox_template_nofile_soft"], d["sandbox_template_nofile_hard"])
+
+
+def check_no_core_dumps(t: Target, host: Host) -> None:
+    c = "SBX-LIM-03"
+    out = t.user.run("ulimit -Sc; ulimit -Hc").stdout.split()
+    require(c, out == ["0", "0"], f"core limit soft/hard {out}")
+    require(c, t.user.run("bash -c 'ulimit -Sc 1'").rc != 0, "the user raised the core limit")
+    crash = t.user.run(
+        "cd /tmp && rm -f core core.*; bash -c 'kill -SEGV $$'; ls /tmp | grep -c '^core' || true"
+    )
+    require(c, crash.stdout.strip() == "0", "a crashing process left a core file")
+    require(c, host.sysctl("fs.suid_dumpable") == 0, "host fs.suid_dumpable is not 0")
+    pattern = str(host.file("/proc/sys/kernel/core_pattern").content_string.strip())
+    require(
+        c,
+        not pattern.startswith("|") or "systemd-coredump" in pattern,
+        f"host core_pattern pipes cores to {pattern!r}, which runs even with RLIMIT_CORE=0",
+    )
+
+
+# -- SBX-SVC / SBX-ID / SBX-INIT ------------------------------------------------------------------
+def check_services_off(t: Target, template_rootfs: Path) -> None:
+    c = "SBX-SVC-01"
+    procs = [ln.split(None, 2) for ln in t.root.run("ps -eo pid=,ppid=,comm=").stdout.splitlines()]
+    by_pid = {int(pid): (int(ppid), comm) for pid, ppid, comm in procs}
+    require(c, by_pid.get(1, (0, ""))[1] == "tini", f"PID 1 is {by_pid.get(1)}")
+    daemons = sorted(comm for pid, (ppid, comm) in by_pid.items() if ppid == 1)
+    require(c, daemons == ["sshd"], f"PID 1 runs {daemons}, only sshd allowed")
+    listening = t.root.run("ss -H -lntu").stdout.splitlines()
+    local = sorted({ln.split()[4] for ln in listening})
+    require(c, local == ["0.0.0.0:22"], f"listening sockets {local}")
+    masked = role_defaults("sandbox_template")["sandbox_template_masked_units"]
+    if (template_rootfs / "lib/systemd/systemd").exists():
+        for unit in masked:
+            link = t.root.file(f"/etc/systemd/system/{unit}")
+            require(c, link.is_symlink and link.linked_to == "/dev/null", f"{unit} is not masked")
+
+
+def clone_identities(a: Target, b: Target) -> dict[str, set[str]]:
+    """The host keys and machine-ids two clones have."""
+    keys = {x.user.file("/etc/ssh/ssh_host_ed25519_key.pub").content_string.split()[1] for x in (a, b)}
+    ids = {x.user.file("/etc/machine-id").content_string.strip() for x in (a, b)}
+    return {"keys": keys, "ids": ids}
+
+
+def check_host_keys_unique(a: Target, b: Target, template_rootfs: Path) -> None:
+    c = "SBX-ID-01"
+    in_template = sorted(p.name for p in (template_rootfs / "etc/ssh").glob("ssh_host_*"))
+    require(c, not in_template, f"host keys in the template: {in_template}")
+    keys = clone_identities(a, b)["keys"]
+    require(c, len(keys) == 2, "two clones serve the same host key")
+    for x in (a, b):
+        require(c, x.sb.record.host_key.split()[1] in keys, f"{x.id}'s pinned key is not the one it has")
+
+
+def check_machine_ids_unique(a: Target, b: Target, template_rootfs: Path) -> None:
+    c = "SBX-ID-02"
+    template_id = (template_rootfs / "etc/machine-id").read_text().strip()
+    require(c, template_id == "", f"the template has machine-id {template_id}")
+    ids = clone_identities(a, b)["ids"]
+    require(c, len(ids) == 2 and all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids), f"machine-ids {ids}")
+
+
+def check_hostname(t: Target, template_rootfs: Path) -> None:
+    c = "SBX-ID-03"
+    name = t.user.run("hostname").stdout.strip()
+    require(c, name == t.sb.hostname, f"hostname {name!r}, not {t.sb.hostname!r}")
+    hosts = t.user.file("/etc/hosts").content_string
+    require(
+        c, re.search(rf"^{re.escape(t.ip)}\s+{re.escape(name)}\b", hosts, re.M), "/etc/hosts lacks its name"
+    )
+    baseline = (template_rootfs / "etc/hostname").read_text().strip()
+    require(
+        c, baseline == role_defaults("sandbox_template")["sandbox_template_hostname"], "template hostname"
+    )
+
+
+def _nameservers(text: str) -> list[str]:
+    return [ln.split()[1] for ln in text.splitlines() if ln.startswith("nameserver")]
+
+
+def check_resolver(t: Target, template_rootfs: Path) -> None:
+    c = "SBX-ID-04"
+    want = [t.settings.dns_server]
+    got = _nameservers(t.user.file("/etc/resolv.conf").content_string)
+    require(c, got == want, f"sandbox nameservers {got}")
+    got = _nameservers((template_rootfs / "etc/resolv.conf").read_text())
+    require(c, got == want, f"template nameservers {got}")
+
+
+def check_init(t: Target) -> None:
+    c = "SBX-INIT-01"
+    cmdline = t.user.file("/proc/1/cmdline").content.split(b"\x00")
+    require(c, cmdline[:5] == [b"/usr/bin/tini", b"--", b"/usr/sbin/sshd", b"-D", b"-e"], f"PID 1: {cmdline}")
+    init = t.root.file("/sbin/sandbox-init")
+    require(c, init.user == "root" and init.mode == 0o755, f"sandbox-init {init.user} {oct(init.mode)}")
+    require(c, t.user.run("test -w /sbin/sandbox-init").rc != 0, "the user may write /sbin/sandbox-init")
+
+
+# -- SBX-ACC --------------------------------------------------------------------------------------
+def check_runtime_key_scoped(settings: sandbox_rt.Settings, host: Host) -> None:
+    c = "SBX-ACC-01"
+    key = host.file(str(settings.ssh_key))
+    require(c, key.user == "root" and key.mode == 0o600, f"runtime key {key.user} {oct(key.mode)}")
+    folder = host.file(str(settings.ssh_key.parent))
+    require(c, folder.user == "root" and folder.mode & 0o077 == 0, f"key dir {oct(folder.mode)}")
+    require(c, settings.ssh_user != "root", "the runtime logs in as root")
+
+
+# -- SBX-NET --------------------------------------------------------------------------------------
+def check_bridge_ports(bridge: str, host: Host) -> None:
+    c = "SBX-NET-01"
+    info = json.loads(host.check_output(f"ip -j -d link show dev {bridge}"))[0]
+    require(c, info["linkinfo"]["info_kind"] == "bridge", f"{bridge} is not a bridge")
+    want_mac = role_defaults("sandbox_network").get("sandbox_network_bridge_mac")
+    if isinstance(want_mac, str) and "{" not in want_mac:
+        require(c, info["address"] == want_mac.lower(), f"bridge MAC {info['address']}")
+    ports = json.loads(host.check_output(f"ip -j -d link show master {bridge}") or "[]")
+    foreign = [p["ifname"] for p in ports if p.get("linkinfo", {}).get("info_kind") != "veth"]
+    require(c, not foreign, f"{bridge} has ports that are not veths: {foreign}")
+
+
+def nft_ruleset(host: Host) -> list[dict[str, Any]]:
+    doc = json.loads(host.check_output("nft -j list ruleset"))
+    items: list[dict[str, Any]] = doc["nftables"]
+    return items
+
+
+def check_firewall_loaded(host: Host, table: str, set_name: str, bridge: str) -> None:
+    c = "SBX-NET-02"
+    items = nft_ruleset(host)
+    tables = {(i["table"]["family"], i["table"]["name"]) for i in items if "table" in i}
+    require(c, ("inet", table) in tables and ("bridge", table) in tables, f"tables loaded: {sorted(tables)}")
+    chains = {
+        (i["chain"]["family"], i["chain"]["table"], i["chain"]["name"]): i["chain"]
+        for i in items
+        if "chain" in i
+    }
+    fwd = chains.get(("inet", table, "forward"), {})
+    require(c, fwd.get("hook") == "forward" and fwd.get("policy") == "drop", f"forward chain {fwd}")
+    inp = chains.get(("inet", table, "input"), {})
+    require(c, inp.get("hook") == "input", f"input chain {inp}")
+    bfwd = chains.get(("bridge", table, "forward"), {})
+    require(c, bfwd.get("hook") == "forward", f"bridge forward chain {bfwd}")
+    sets = {
+        (i["set"]["table"], i["set"]["name"]) for i in items if "set" in i and i["set"]["family"] == "inet"
+    }
+    require(c, (table, set_name) in sets, f"set {set_name} missing")
+    text = host.check_output(f"nft list table inet {table}")
+    for rule in (f'iifname "{bridge}" counter', f'oifname "{bridge}" counter', "jump from_sandbox"):
+        require(c, rule in text, f"rule {rule!r} missing from inet {table}")
+
+
+def check_no_internet(t: Target, net: SimNet, nft: NftInternetSet) -> None:
+    c = "SBX-NET-04"
+    reached = sweep(t, [f"{net.wan_ip}:80,443", f"{net.public_web_ip}:80,443"])
+    require(c, not reached, f"{t.ip} reached the internet: {sorted(reached)}")
+    require(c, not nft.contains(t.ip), f"{t.ip} is in {nft.set_name}")
+
+
+def check_internet_works(t: Target, net: SimNet) -> None:
+    c = "SBX-NET-05"
+    resolved = run_user(t, f"getent hosts {net.dns_name}", timeout=15).text.split()
+    require(c, resolved[:1] == [net.public_web_ip], f"{net.dns_name} resolved to {resolved}")
+    for addr, port in ((net.public_web_ip, 80), (net.wan_ip, 443)):
+        r = probe(t, "http", addr, port)
+        require(
+            c, r["ok"] and r["body"] == net.http_body(addr, port), f"HTTP {addr}:{port} with internet: {r}"
+        )
+
+
+@contextlib.contextmanager
+def held_connection(t: Target, net: SimNet) -> Iterator[Path]:
+    """A long-lived echo connection from the sandbox to the wan (probe hold), logged in the sandbox."""
+    _ensure_probe(t)
+    log = f"/tmp/.hold-{time.monotonic_ns()}.log"
+    run_user(t, f"nohup python3 {PROBE} hold {net.wan_ip} 80 {log} >/dev/null 2>&1 &", timeout=10)
+    try:
+        yield Path(log)
+    finally:
+        run_user(t, f"pkill -f 'probe.py hold' ; rm -f {log}", timeout=10)
+
+
+def hold_log(t: Target, log: Path) -> list[str]:
+    return run_user(t, f"cat {log} 2>/dev/null", timeout=10).text.splitlines()
+
+
+def wait_hold(t: Target, log: Path, pred: Any, timeout: float) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = hold_log(t, log)
+        if pred(lines) or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.2)
+
+
+def check_internet_toggle(t: Target, net: SimNet, nft: NftInternetSet) -> None:
+    """SBX-NET-05: off -> on (works) -> off (blocked, and an open connection dies)."""
+    c = "SBX-NET-05"
+    check_no_internet(t, net, nft)
+    t.sb.set_internet(True)
+    require(c, nft.contains(t.ip), "set_internet(True) did not add the address to the set")
+    check_internet_works(t, net)
+    with held_connection(t, net) as log:
+        lines = wait_hold(t, log, lambda ls: sum(" ok" in ln for ln in ls) >= 3, 10)
+        assert sum(" ok" in ln for ln in lines) >= 3, f"the held connection never worked: {lines}"
+        t.sb.set_internet(False)
+        lines = wait_hold(t, log, lambda ls: any("FAIL" in ln for ln in ls), 8)
+        require(
+            c,
+            any("FAIL" in ln for ln in lines),
+            f"the open connection survived set_internet(False): {lines[-3:]}",
+        )
+    try:
+        check_no_internet(t, net, nft)
+    except Violation as exc:
+        violated(c, f"after set_internet(False): {exc}")
+
+
+def check_only_allowed_ports(t: Target, net: SimNet, allowed: Iterable[int]) -> None:
+    c = "SBX-NET-06"
+    allowed = set(allowed)
+    ports = ",".join(str(p) for p in net.wan_tcp_ports)
+    reached = {p for _, p in sweep(t, [f"{net.wan_ip}:{ports}"])}
+    assert reached & allowed, f"precondition: the sandbox has internet (reached {reached})"
+    require(c, reached <= allowed, f"with internet, wan ports {sorted(reached - allowed)} are reachable")
+
+
+def check_no_lan(t: Target, net: SimNet) -> None:
+    c = "SBX-NET-07"
+    ports = ",".join(str(p) for p in net.lan_tcp_ports)
+    reached, ping = parallel(
+        functools.partial(sweep, t, [f"{net.lan_ip}:{ports}"]),
+        functools.partial(root_probe, t, "icmp", net.lan_ip, 1.5),
+    )
+    require(c, not reached, f"the sandbox reached the LAN: {sorted(reached)}")
+    require(c, not ping["reply"], "the LAN answered a ping from container root")
+
+
+def check_isolated(a: Target, b: Target) -> None:
+    c = "SBX-NET-08"
+    pairs = ((a, b), (b, a))
+    reached = parallel(*[functools.partial(sweep, src, [f"{dst.ip}:22"]) for src, dst in pairs])
+    pings = parallel(*[functools.partial(root_probe, src, "icmp", dst.ip, 1.5) for src, dst in pairs])
+    for (src, dst), tcp, ping in zip(pairs, reached, pings, strict=True):
+        require(c, not tcp, f"{src.ip} reached {dst.ip}:22")
+        require(c, not ping["reply"], f"{dst.ip} answered a ping from {src.ip}")
+
+
+def check_no_host_services(t: Target, gateway: str, ports: Iterable[int]) -> None:
+    c = "SBX-NET-09"
+    reached = sweep(t, [f"{gateway}:{','.join(str(p) for p in sorted(set(ports)))}"])
+    require(c, not reached, f"host services reachable from the sandbox: {sorted(reached)}")
+
+
+def check_no_metadata(t: Target, net: SimNet) -> None:
+    c = "SBX-NET-10"
+    r = probe(t, "http", net.metadata_ip, 80, 2)
+    require(c, not r["ok"] and not r["body"], f"the metadata service answered: {r}")
+
+
+def check_dns_only_via_host(t: Target, net: SimNet, internet: bool) -> None:
+    c = "SBX-NET-11"
+    host = t.settings.dns_server
+    others = (net.wan_ip, net.public_resolver_ip)
+    specs = [f"{srv}/{proto}" for srv in (host, *others) for proto in ("udp", "tcp")]
+    answers = probe(t, "dns-many", net.dns_name, *specs)
+    for proto in ("udp", "tcp"):
+        via_host = answers[f"{host}/{proto}"]
+        if internet:
+            require(c, via_host == net.public_web_ip, f"host DNS ({proto}) with internet: {via_host}")
+        else:
+            require(c, via_host is None, f"host DNS ({proto}) answered without internet: {via_host}")
+    direct = {s: a for s, a in answers.items() if not s.startswith(host + "/") and a is not None}
+    require(c, not direct, f"other resolvers answered the sandbox: {direct}")
+
+
+def check_no_ipv6(t: Target, host: Host, bridge: str) -> None:
+    c = "SBX-NET-12"
+    require(c, host.sysctl(f"net.ipv6.conf.{bridge}.disable_ipv6") == 1, f"IPv6 is on on {bridge}")
+    fwd = host.check_output(f"nft list chain inet {t.settings.nft_table} forward")
+    for direction in ("iifname", "oifname"):
+        require(
+            c,
+            re.search(rf'meta nfproto ipv6 {direction} "{bridge}" .*drop', fwd),
+            f"no IPv6 {direction} drop",
+        )
+    addrs = t.user.run("ip -6 -o addr show scope global").stdout.strip()
+    require(c, not addrs, f"the sandbox has global IPv6 addresses: {addrs}")
+    routes = t.user.run("ip -6 route show default").stdout.strip()
+    require(c, not routes, f"the sandbox has an IPv6 default route: {routes}")
+    r = probe(t, "tcp", "2001:db8::1", 80, 2)
+    require(c, not r["open"], "an IPv6 connection left the sandbox")
+    added = run_root(
+        t, "ip -6 addr add 2001:db8:99::5/64 dev eth0 && ip -6 route add default via fe80::1 dev eth0"
+    )
+    require(c, added.returncode != 0, "container root configured IPv6 on eth0")
+
+
+def check_no_spoofing(a: Target, b: Target, net: SimNet) -> None:
+    """Container root in ``a`` (no internet) forges a SYN from ``b``'s address (``b`` has internet)."""
+    c = "SBX-NET-15"
+    sport = 40000 + secrets.randbelow(20000)
+    sent = root_probe(a, "spoof", b.ip, net.wan_ip, 80, sport)
+    if not sent["sent"]:  # no raw sockets in the sandbox at all: nothing can be forged
+        require(c, "Operation not permitted" in str(sent["error"]), f"spoof probe failed: {sent}")
+        return
+    time.sleep(0.3)
+    flows = host_run("conntrack", "-L", "-s", b.ip, "-p", "tcp", "--sport", str(sport)).stdout.strip()
+    require(c, not flows, f"{a.ip} sent a packet as {b.ip} and the host forwarded it: {flows}")
+
+
+def check_rate_limited(t: Target, net: SimNet, rate: int, attempts: int = 200) -> int:
+    c = "SBX-NET-13"
+    r = probe(t, "burst", net.wan_ip, 80, attempts, 0.9, timeout=60)
+    connected = int(r["connected"])
+    assert connected >= 1, f"precondition: the sandbox has internet ({r})"
+    # nft's limit: `rate`/s plus a burst of 5; a little slack for timing
+    require(c, connected <= rate + 15, f"{connected} of {attempts} connections in 0.9 s (limit {rate}/s)")
+    return connected
+
+
+def check_sweep(t: Target, targets: Iterable[str], allowed: set[tuple[str, int]]) -> None:
+    c = "SBX-NET-14"
+    found = sweep(t, targets, timeout=3)
+    require(c, found <= allowed, f"the scan found {sorted(found - allowed)}")
+
+
+# -- SBX-RES --------------------------------------------------------------------------------------
+def check_pids_fenced(t: Target, limit: int) -> None:
+    c = "SBX-RES-01"
+    value = cgroup_read(t.id, "pids", "pids.max", "pids.max")
+    require(c, value != "max" and int(value) <= limit, f"pids.max is {value}, expected <= {limit}")
+
+
+def check_memory_limited(t: Target, memory_mb: int) -> None:
+    c = "SBX-RES-02"
+    value = int(cgroup_read(t.id, "memory", "memory.limit_in_bytes", "memory.max"))
+    require(c, value <= memory_mb << 20, f"memory limit {value} > {memory_mb} MB")
+
+
+def check_no_swap(t: Target) -> None:
+    c = "SBX-RES-03"
+    if CGROUP_V1:
+        mem = cgroup_read(t.id, "memory", "memory.limit_in_bytes", "")
+        memsw = cgroup_read(t.id, "memory", "memory.memsw.limit_in_bytes", "")
+        require(c, memsw == mem, f"memory+swap {memsw} != memory {mem}: the sandbox may swap")
+    else:
+        swap = cgroup_read(t.id, "memory", "", "memory.swap.max")
+        require(c, swap == "0", f"memory.swap.max is {swap}")
+
+
+def cpu_seconds(sandbox_id: str) -> float:
+    if CGROUP_V1:
+        return int(cgroup_read(sandbox_id, "cpuacct", "cpuacct.usage", "")) / 1e9
+    for line in cgroup_read(sandbox_id, "cpu", "", "cpu.stat").splitlines():
+        if line.startswith("usage_usec"):
+            return int(line.split()[1]) / 1e6
+    raise AssertionError("no usage_usec in cpu.stat")
+
+
+def check_cpu_quota(t: Target, cpus: float, seconds: float = 3.0) -> float:
+    """Two busy loops for ``seconds``; the CPU-seconds per second the cgroup got."""
+    c = "SBX-RES-04"
+    before, t0 = cpu_seconds(t.id), time.monotonic()
+    run_user(t, f"timeout {seconds} sh -c 'yes >/dev/null & yes >/dev/null & wait'", timeout=seconds + 30)
+    used, wall = cpu_seconds(t.id) - before, time.monotonic() - t0
+    ratio = used / wall
+    assert ratio > cpus * 0.5, f"precondition: the hog ran ({ratio:.2f} CPU/s)"
+    require(c, ratio <= cpus + 0.1, f"{ratio:.2f} CPU-seconds per second with cpus={cpus}")
+    return ratio
+
+
+def check_disk_bounded(t: Target, disk_gb: int) -> None:
+    c = "SBX-RES-05"
+    fill = "/home/sandbox/.fill"
+    r = run_user(t, f"fallocate -l {disk_gb * 1024 + 100}M {fill}; rc=$?; rm -f {fill}; exit $rc", timeout=60)
+    require(c, r.exit_code != 0, f"wrote more than disk_gb={disk_gb} GiB")
+
+
+# -- functional resource attacks (SBX-RES-01/02) --------------------------------------------------
+def _mem_available_kb() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1])
+    raise AssertionError("no MemAvailable in /proc/meminfo")
+
+
+class Sampler:
+    """Calls ``read`` every ``interval`` seconds in a thread while the block runs; keeps the values."""
+
+    def __init__(self, read: Callable[[], int], interval: float = 0.05) -> None:
+        self.read, self.interval, self.values = read, interval, [read()]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.values.append(self.read())
+            except (OSError, ValueError):
+                return
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _events(t: Target, controller: str, v1_file: str, v2_file: str, key: str) -> int:
+    for line in cgroup_read(t.id, controller, v1_file, v2_file).splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return 0
+
+
+def _alive(t: Target) -> bool:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if t.sb.exec("echo alive", timeout=10).stdout == b"alive\n":
+                return True
+        except Exception:
+            time.sleep(0.5)
+    return False
+
+
+def check_fork_bomb_contained(t: Target, limit: int) -> None:
+    """SBX-RES-01: a bounded fork bomb hits the pids limit; the host forks on; the sandbox lives."""
+    c = "SBX-RES-01"
+    check_pids_fenced(t, limit)
+    fired_before = _events(t, "pids", "pids.events", "pids.events", "max")
+    pids = cgroup_dir(t.id, "pids") / "pids.current"
+    host_forks: list[float] = []
+    with Sampler(lambda: int(pids.read_text())) as sampled:
+        # bounded: the trailing sleep keeps timeout's process group alive, so after 10 s timeout
+        # KILLs the whole group, every bomb process with it (they all share its pgid)
+        bomb = threading.Thread(
+            target=lambda: t.sb.exec("timeout -s KILL 10 bash -c ':(){ :|:& };:; sleep 30'", timeout=60)
+        )
+        bomb.start()
+        time.sleep(3)  # the bomb is at its limit by now
+        for _ in range(20):  # the host still forks, at once
+            t0 = time.monotonic()
+            assert subprocess.run(["/bin/true"], check=False).returncode == 0
+            host_forks.append(time.monotonic() - t0)
+        bomb.join(timeout=60)
+    fired = _events(t, "pids", "pids.events", "pids.events", "max") - fired_before
+    assert fired > 0, "precondition: the bomb reached the pids limit"
+    require(c, max(sampled.values) <= limit, f"{max(sampled.values)} pids > limit {limit}")
+    require(c, max(host_forks) < 1.0, f"host fork took {max(host_forks):.2f} s")
+    require(c, _alive(t), "the sandbox did not survive the fork bomb")
+
+
+def check_oom_contained(t: Target, memory_mb: int) -> None:
+    """SBX-RES-02: 1 GiB asked for in a smaller sandbox is OOM-killed inside; the host barely notices."""
+    c = "SBX-RES-02"
+    check_memory_limited(t, memory_mb)
+    kills_before = _events(t, "memory", "memory.oom_control", "memory.events", "oom_kill")
+    with Sampler(_mem_available_kb) as host_mem:
+        r = t.sb.exec("python3 -c 'b = bytearray(1 << 30); print(len(b))'", timeout=90)
+    killed = r.exit_code == 137 and b"1073741824" not in r.stdout
+    require(c, killed, f"1 GiB allocated in a {memory_mb} MB sandbox: {r}")
+    kills = _events(t, "memory", "memory.oom_control", "memory.events", "oom_kill") - kills_before
+    require(c, kills >= 1, "no OOM kill in the sandbox's cgroup")
+    peak = int(cgroup_read(t.id, "memory", "memory.max_usage_in_bytes", "memory.peak"))
+    require(c, peak <= memory_mb << 20, f"the sandbox used {peak >> 20} MB, over its {memory_mb} MB")
+    # coarse (other work on this host moves it too): far less than the 1 GiB asked for left the host
+    drop_mb = (host_mem.values[0] - min(host_mem.values)) / 1024
+    require(c, drop_mb < 768, f"host available memory dropped {drop_mb:.0f} MB")
+    require(c, _alive(t), "the sandbox did not survive the OOM kill")
+
+
+# -- SBX-ESC --------------------------------------------------------------------------------------
+def check_unprivileged(t: Target) -> None:
+    c = "SBX-ESC-01"
+    s = t.settings
+    maps = config_values(t.id, "lxc.idmap", s.lxc_path)
+    want = [f"u 0 {s.idmap_base} {s.idmap_size}", f"g 0 {s.idmap_base} {s.idmap_size}"]
+    require(c, sorted(maps) == sorted(want), f"lxc.idmap {maps}")
+    uids = proc_status(init_pid(t))["Uid"].split()
+    require(c, set(uids) == {str(s.idmap_base)}, f"PID 1 runs as host uid {uids}")
+    uid_map = t.user.file("/proc/self/uid_map").content_string.split()
+    require(c, uid_map == ["0", str(s.idmap_base), str(s.idmap_size)], f"uid_map {uid_map}")
+
+
+def _attempts(t: Target, commands: list[str], as_root: bool) -> list[str]:
+    """The commands that succeeded (each must fail)."""
+    succeeded = []
+    for cmd in commands:
+        rc = run_root(t, cmd).returncode if as_root else run_user(t, cmd).exit_code
+        if rc == 0:
+            succeeded.append(cmd)
+    return succeeded
+
+
+def host_root_device() -> str:
+    return host_run("findmnt", "-no", "SOURCE", "-T", "/").stdout.strip() or "/dev/vda"
+
+
+def check_no_mounts(t: Target) -> None:
+    c = "SBX-ESC-02"
+    dev = host_root_device()
+    cmds = [
+        "mkdir -p /tmp/m && mount -t tmpfs none /tmp/m",
+        "mkdir -p /tmp/m && mount --bind / /tmp/m",
+        "mkdir -p /tmp/m && mount -t proc proc /tmp/m",
+        f"mkdir -p /tmp/m && mount {dev} /tmp/m",
+        "mkdir -p /tmp/m && mount -t sysfs sys /tmp/m",
+    ]
+    for as_root in (False, True):
+        ok = _attempts(t, cmds, as_root)
+        require(c, not ok, f"mounts succeeded as {'container root' if as_root else 'the user'}: {ok}")
+    mounts = t.user.file("/proc/self/mounts").content_string
+    require(c, not re.search(rf"^{re.escape(dev)}\s", mounts, re.M), f"the host's {dev} is mounted inside")
+
+
+def check_no_kmsg(t: Target, host: Host) -> None:
+    c = "SBX-ESC-03"
+    require(c, not t.root.file("/dev/kmsg").exists, "/dev/kmsg exists")
+    cmds = ["dmesg >/dev/null", "head -c1 /proc/kmsg >/dev/null", "head -c1 /dev/kmsg >/dev/null"]
+    for as_root in (False, True):
+        ok = _attempts(t, cmds, as_root)
+        require(c, not ok, f"kernel log readable as {'root' if as_root else 'user'}: {ok}")
+    require(c, host.sysctl("kernel.dmesg_restrict") == 1, "host kernel.dmesg_restrict is not 1")
+
+
+def check_no_block_devices(t: Target) -> None:
+    c = "SBX-ESC-04"
+    found = t.root.run("find /dev -type b").stdout.split()
+    require(c, not found, f"block devices in /dev: {found}")
+    ok = _attempts(t, ["mknod /tmp/.blk b 8 0", "mknod /tmp/.blk2 b 253 0"], True)
+    run_root(t, "rm -f /tmp/.blk /tmp/.blk2")
+    require(c, not ok, f"container root made block devices: {ok}")
+    if CGROUP_V1:
+        rules = (cgroup_dir(t.id, "devices") / "devices.list").read_text().split("\n")
+        bad = [r for r in rules if r.startswith(("a ", "b ")) and set(r.split()[-1]) & set("rw")]
+        require(c, not bad, f"the devices cgroup allows {bad}")
+    else:
+        deny = config_values(t.id, "lxc.cgroup2.devices.deny", t.settings.lxc_path)
+        require(c, "a" in deny, "no lxc.cgroup2.devices.deny = a")
+
+
+def check_no_setuid_shells(t: Target) -> None:
+    c = "SBX-ESC-05"
+    names = role_defaults("sandbox_template")["sandbox_template_no_setuid"]
+    found = t.root.run("find / -xdev -type f -perm /6000 2>/dev/null").stdout.split()
+    pattern = re.compile(r".*/(" + "|".join(map(re.escape, names)) + r")[0-9.]*$")
+    bad = [f for f in found if pattern.match(f)]
+    require(c, not bad, f"setuid/setgid shells or interpreters: {bad}")
+
+
+def check_proc_sys_readonly(t: Target) -> None:
+    c = "SBX-ESC-06"
+    cmds = [
+        "echo hacked > /proc/sys/kernel/hostname",
+        "echo 3 > /proc/sys/vm/drop_caches",
+        "echo 1 > /proc/sys/net/ipv4/ip_forward",
+        "echo 0 > /proc/sys/kernel/dmesg_restrict",
+        "echo b > /proc/sysrq-trigger",
+        "echo 1 > /sys/kernel/mm/ksm/run",
+        "echo 1 > /sys/module/printk/parameters/time",
+    ]
+    for as_root in (False, True):
+        ok = _attempts(t, cmds, as_root)
+        require(c, not ok, f"writes succeeded as {'container root' if as_root else 'the user'}: {ok}")
+
+
+_MODULE_SYSCALLS = r"""python3 -c '
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+out = []
+for name, nr, args in (("init_module", 175, (b"", 0, b"")), ("finit_module", 313, (0, b"", 0)),
+                       ("delete_module", 176, (b"loop", 0))):
+    rc = libc.syscall(nr, *args)
+    out.append("%s=%d/%d" % (name, rc, ctypes.get_errno()))
+print(" ".join(out))
+'"""
+
+
+def check_no_modules(t: Target) -> None:
+    c = "SBX-ESC-07"
+    out = run_root(t, _MODULE_SYSCALLS).stdout.split()
+    require(c, out and all(x.endswith("=-1/1") for x in out), f"module syscalls as container root: {out}")
+    bnd = int(proc_status(init_pid(t))["CapBnd"], 16)
+    require(c, not bnd & (1 << CAPS["sys_module"]), "CAP_SYS_MODULE is in PID 1's bounding set")
+
+
+_UNSHARE = r"""unshare -Ur sh -c '
+cat /etc/shadow >/dev/null 2>&1 && echo shadow
+echo x > /proc/sys/kernel/hostname 2>/dev/null && echo proc_sys
+hostname escaped 2>/dev/null && echo hostname
+ip link add hx0 type veth peer name hx1 2>/dev/null && echo link
+mkdir -p /tmp/p && mount -t proc proc /tmp/p 2>/dev/null && echo proc_mount
+echo 999999 > /sys/fs/cgroup/pids/pids.max 2>/dev/null && echo cgroup
+grep -q "^CapEff:.*1ff" /proc/self/status && echo ns_caps
+true'"""
+
+
+def check_userns_regains_nothing(t: Target) -> None:
+    c = "SBX-ESC-08"
+    r = run_user(t, _UNSHARE, timeout=30)
+    got = set(r.text.split())
+    assert "ns_caps" in got, f"precondition: unshare -Ur gives capabilities in the new namespace ({r.text!r})"
+    require(c, got == {"ns_caps"}, f"inside unshare -Ur the user could: {sorted(got - {'ns_caps'})}")
+
+
+def check_host_proc_hidden(t: Target, marker: str, marker_pid: int) -> None:
+    c = "SBX-ESC-09"
+    for who in (t.user, t.root):
+        # "[x]yz" does not match grep's own command line
+        seen = who.run(f"grep -l '[{marker[0]}]{marker[1:]}' /proc/[0-9]*/cmdline 2>/dev/null").stdout.split()
+        require(c, not seen, f"a host process is visible inside: {seen}")
+    pid1 = t.user.file("/proc/1/cmdline").content.split(b"\x00")[0]
+    require(c, pid1 == b"/usr/bin/tini", f"/proc/1 is {pid1!r}, not the sandbox's init")
+    same_pid = t.root.run(f"cat /proc/{marker_pid}/cmdline 2>/dev/null").stdout
+    require(c, marker not in same_pid, f"the host's pid {marker_pid} shows the marker inside")
+    count = len(t.root.run("ls -d /proc/[0-9]*").stdout.split())
+    require(c, count < 50, f"{count} processes visible")
+
+
+def check_caps_dropped(t: Target) -> None:
+    c = "SBX-ESC-10"
+    want = set(role_defaults("template_build")["template_build_cap_drop"])
+    configured = set(" ".join(config_values(t.id, "lxc.cap.drop", t.settings.lxc_path)).split())
+    require(c, want <= configured, f"lxc.cap.drop lacks {sorted(want - configured)}")
+    bnd = int(proc_status(init_pid(t))["CapBnd"], 16)
+    kept = sorted(cap for cap in want if bnd & (1 << CAPS[cap]))
+    require(c, not kept, f"PID 1 keeps {kept}")
+    eff = int(t.user.run("grep CapEff /proc/self/status").stdout.split()[-1], 16)
+    require(c, eff == 0, f"the user has capabilities {eff:x}")
+
+
+_FORCE_UMOUNT = r"""python3 -c '
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.umount2(b"/tmp", 1), ctypes.get_errno())'"""
+
+
+def check_seccomp(t: Target) -> None:
+    c = "SBX-ESC-11"
+    profile = config_values(t.id, "lxc.seccomp.profile", t.settings.lxc_path)
+    require(c, profile and Path(profile[-1]).is_file(), f"lxc.seccomp.profile {profile}")
+    require(c, proc_status(init_pid(t)).get("Seccomp") == "2", "PID 1 is not seccomp-filtered")
+    mode = t.user.run("grep '^Seccomp:' /proc/self/status").stdout.split()[-1]
+    require(c, mode == "2", f"user processes have Seccomp {mode}")
+    # common.seccomp's reject_force_umount answers EACCES; without the filter it would be EPERM/EINVAL
+    out = run_root(t, _FORCE_UMOUNT).stdout.split()
+    require(
+        c, out == ["-1", "13"], f"umount2(MNT_FORCE) as container root gave {out}, not the filter's EACCES"
+    )
+
+
+def check_no_nesting(t: Target) -> None:
+    c = "SBX-ESC-12"
+    cfg = (t.settings.lxc_path / t.id / "config").read_text()
+    require(c, "nesting.conf" not in cfg, "the config includes nesting.conf")
+    auto = " ".join(config_values(t.id, "lxc.mount.auto", t.settings.lxc_path)).split()
+    rw = [
+        a for a in auto if a in ("proc:rw", "sys:rw", "cgroup:rw", "cgroup-full:rw") or a in ("proc", "sys")
+    ]
+    require(c, not rw, f"lxc.mount.auto mounts {rw} read-write")
+    limit_files = ["/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
+    if not CGROUP_V1:
+        limit_files = ["/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/memory.max"]
+    ok = _attempts(t, [f"echo 999999999 > {f}" for f in limit_files], True)
+    require(c, not ok, f"container root changed its own limits: {ok}")
+    ok = _attempts(
+        t,
+        ["unshare -m sh -c 'mount -t proc proc /proc'", "unshare -m sh -c 'mount -t cgroup2 none /mnt'"],
+        True,
+    )
+    require(c, not ok, f"container root mounted: {ok}")
+
+
+def check_apparmor_confined(t: Target) -> None:
+    c = "SBX-ESC-13"
+    label = Path(f"/proc/{init_pid(t)}/attr/current").read_text().strip()
+    require(c, label.startswith("lxc-container-default-cgns"), f"PID 1's AppArmor label is {label!r}")
+
+
+# -- SBX-LIFE -------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+    """What a sandbox puts on the host (taken before destroy, compared after)."""
+
+    id: str
+    ip: str
+    port: str
+    mac: str
+    lxc_path: Path
+
+    @classmethod
+    def of(cls, sandbox_id: str, lxc_path: Path) -> Footprint:
+        def one(key: str) -> str:
+            values = config_values(sandbox_id, key, lxc_path)
+            return values[-1] if values else ""
+
+        return cls(
+            sandbox_id,
+            one("lxc.net.0.ipv4.address").split("/")[0],
+            one("lxc.net.0.veth.pair"),
+            one("lxc.net.0.hwaddr"),
+            lxc_path,
+        )
+
+
+def leftovers(fp: Footprint, nft: NftInternetSet) -> list[str]:
+    left = []
+    cdir = fp.lxc_path / fp.id
+    if cdir.exists():
+        left.append(f"container dir {cdir} ({sorted(p.name for p in cdir.iterdir())})")
+    if (fp.lxc_path / ".runtime" / "creating" / f"{fp.id}.json").exists():
+        left.append("create marker")
+    if fp.id in host_run("lxc-ls", "-P", str(fp.lxc_path), "-1").stdout.split():
+        left.append("lxc-ls lists it")
+    for controller in ("pids", "memory", "cpu", "cpuacct", "devices") if CGROUP_V1 else ("",):
+        group = cgroup_dir(fp.id, controller)
+        if group.exists():
+            left.append(f"cgroup {group}")
+    if fp.port and host_run("ip", "link", "show", "dev", fp.port).returncode == 0:
+        left.append(f"veth {fp.port}")
+    if fp.ip:
+        if nft.contains(fp.ip):
+            left.append(f"nft element {fp.ip}")
+        used = {
+            v.split("/")[0]
+            for cfg in fp.lxc_path.glob("*/config")
+            for v in config_values(cfg.parent.name, "lxc.net.0.ipv4.address", fp.lxc_path)
+        }
+        if fp.ip in used:
+            left.append(f"address {fp.ip} still allocated")
+        # flows that could still pass as "established" (TIME_WAIT/CLOSE ones cannot)
+        flows = host_run("conntrack", "-L", "-s", fp.ip).stdout.splitlines()
+        live = [f for f in flows if not re.search(r"\b(TIME_WAIT|CLOSE)\b", f)]
+        if live:
+            left.append(f"live conntrack entries {live[:2]}")
+    if LEASES.exists() and (
+        (fp.mac and fp.mac in LEASES.read_text()) or (fp.ip and f" {fp.ip} " in LEASES.read_text())
+    ):
+        left.append("dnsmasq lease")
+    return left
+
+
+def check_nothing_left(fp: Footprint, nft: NftInternetSet, control: str = "SBX-LIFE-01") -> None:
+    left = leftovers(fp, nft)
+    require(control, not left, f"{fp.id} left {left}")
+
+
+# -- waiver conditions ----------------------------------------------------------------------------
+def apparmor_disabled() -> tuple[bool, str]:
+    enabled = Path("/sys/module/apparmor/parameters/enabled")
+    on = enabled.exists() and enabled.read_text().strip() == "Y"
+    return (not on, f"{enabled}: {'Y' if on else 'absent or N'}")
+
+
+def no_systemd() -> tuple[bool, str]:
+    comm = Path("/proc/1/comm").read_text().strip()
+    return (comm != "systemd" and not Path("/run/systemd/system").exists(), f"PID 1 is {comm}")
+
+
+def lxc_backend(settings: sandbox_rt.Settings) -> tuple[bool, str]:
+    return (settings.backend == "lxc", f"backend {settings.backend}")
+
+
+def overlay_disk_unbounded(t: Target, disk_gb: int) -> tuple[bool, str]:
+    """The clone's upper dir is a plain directory on the LXC path's filesystem, and the sandbox can
+    allocate more than ``disk_gb`` there."""
+    rootfs = config_values(t.id, "lxc.rootfs.path", t.settings.lxc_path)[-1]
+    kind, _, rest = rootfs.partition(":")
+    upper = Path(rest.partition(":")[2])
+    same_fs = upper.exists() and upper.stat().st_dev == t.settings.lxc_path.stat().st_dev
+    size = disk_gb * 1024 + 100
+    r = run_user(
+        t,
+        f"fallocate -l {size}M /home/sandbox/.fill && du -m /home/sandbox/.fill; rm -f /home/sandbox/.fill",
+        timeout=60,
+    )
+    used = r.text.split()[:1]
+    wrote = r.exit_code == 0 and bool(used) and used[0].isdigit() and int(used[0]) >= size
+    return (
+        kind.startswith("overlay") and same_fs and wrote,
+        f"rootfs {kind}, upper on the LXC path's fs: {same_fs}, allocated {size} MiB: {wrote}",
+    )

@@ -1,0 +1,130 @@
+"""testinfra hosts for the control checks.
+
+- :func:`sandbox_host`: the sandbox as its user, over SSH with testinfra's paramiko backend, the host
+  key pinned (a known_hosts file holding only the key the runtime generated for this clone and read
+  from its overlay, never from the network) and ``RejectPolicy`` for anything else.
+- :func:`sandbox_root_host`: the sandbox as container root through ``lxc-attach`` (testinfra's
+  ``lxc://`` backend means LXD, not LXC). Container root is what an attacker has after a privilege
+  escalation inside the sandbox, so escape attempts run as both.
+- :func:`local_host`: this machine (``local://``).
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import paramiko
+import testinfra
+from testinfra.backend import base
+from testinfra.backend.paramiko import ParamikoBackend
+from testinfra.host import Host
+
+import sandbox_rt
+
+
+def write_known_hosts(path: Path, address: str, host_key: str) -> Path:
+    """A known_hosts file with exactly one entry: ``address`` -> the pinned ``host_key``."""
+    key_type, key_b64 = host_key.split()[:2]
+    path.write_text(f"{address} {key_type} {key_b64}\n")
+    path.chmod(0o600)
+    return path
+
+
+def pinned_client(
+    address: str, user: str, known_hosts: Path, key_file: Path | None = None, **connect: Any
+) -> paramiko.SSHClient:
+    """A paramiko client that knows only ``known_hosts`` and rejects any other key (never AutoAdd)."""
+    client = paramiko.SSHClient()
+    client.load_host_keys(str(known_hosts))
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    args: dict[str, Any] = {
+        "username": user,
+        "look_for_keys": False,
+        "allow_agent": False,
+        "timeout": 10,
+        "banner_timeout": 10,
+        "auth_timeout": 10,
+    }
+    if key_file is not None:
+        args["key_filename"] = str(key_file)
+    args.update(connect)
+    try:
+        client.connect(address, **args)
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+class PinnedParamikoBackend(ParamikoBackend):
+    """testinfra's paramiko backend with the host key pinned from a known_hosts file."""
+
+    def __init__(self, hostspec: str, known_hosts: Path, ssh_identity_file: str, **kwargs: Any) -> None:
+        self.known_hosts = known_hosts
+        super().__init__(hostspec, ssh_identity_file=ssh_identity_file, **kwargs)
+
+    @functools.cached_property
+    def client(self) -> paramiko.SSHClient:
+        return pinned_client(
+            self.host.name,
+            self.host.user or "sandbox",
+            self.known_hosts,
+            Path(self.ssh_identity_file or ""),
+            timeout=self.timeout,
+        )
+
+
+class LxcAttachBackend(base.BaseBackend):
+    """Commands as container root via ``lxc-attach`` (clean environment, the container's caps)."""
+
+    NAME = "lxc-attach"
+
+    def __init__(self, name: str, lxc_path: Path, timeout: float = 60, **kwargs: Any) -> None:
+        self.container = name
+        self.lxc_path = lxc_path
+        self.timeout = timeout
+        super().__init__(name, **kwargs)
+
+    def run(self, command: str, *args: str, **kwargs: Any) -> base.CommandResult:
+        cmd = self.get_command(command, *args)
+        proc = subprocess.run(
+            [
+                "lxc-attach",
+                "-P",
+                str(self.lxc_path),
+                "-n",
+                self.container,
+                "--clear-env",
+                "--",
+                "/bin/sh",
+                "-c",
+                cmd,
+            ],
+            capture_output=True,
+            timeout=self.timeout,
+            check=False,
+        )
+        return self.result(proc.returncode, self.encode(cmd), proc.stdout, proc.stderr)
+
+
+def known_hosts_path(workdir: Path, sb: sandbox_rt.Sandbox) -> Path:
+    return workdir / f"known_hosts.{sb.id}"
+
+
+def sandbox_host(sb: sandbox_rt.Sandbox, settings: sandbox_rt.Settings, workdir: Path) -> Host:
+    known = write_known_hosts(known_hosts_path(workdir, sb), sb.ip, sb.record.host_key)
+    backend = PinnedParamikoBackend(
+        f"{settings.ssh_user}@{sb.ip}", known, ssh_identity_file=str(settings.ssh_key)
+    )
+    return Host(backend)
+
+
+def sandbox_root_host(sb: sandbox_rt.Sandbox, settings: sandbox_rt.Settings) -> Host:
+    return Host(LxcAttachBackend(sb.id, settings.lxc_path))
+
+
+def local_host() -> Host:
+    return testinfra.get_host("local://")

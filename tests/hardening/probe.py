@@ -1,0 +1,271 @@
+"""Network probes run inside a sandbox (Debian's python3, standard library only; no ping, no nmap).
+
+    python3 probe.py tcp HOST PORT [TIMEOUT]          {"open": bool, "error": str}
+    python3 probe.py http HOST PORT [TIMEOUT]         {"ok": bool, "body": str, "error": str}
+    python3 probe.py dns SERVER NAME [udp|tcp]        {"answer": "a.b.c.d" | null, "error": str}
+    python3 probe.py dns-many NAME SERVER/PROTO ...   {"SERVER/PROTO": "a.b.c.d" | null, ...} (at once)
+    python3 probe.py sweep TIMEOUT HOST:P1,P2-P3 ...  {"open": [[host, port], ...], "tried": n}
+    python3 probe.py burst HOST PORT N WINDOW         {"connected": n, "tried": N}
+    python3 probe.py hold HOST PORT LOGFILE           a long-lived echo connection, logged line by line
+    python3 probe.py icmp HOST [TIMEOUT]              {"reply": bool, "error": str} (needs CAP_NET_RAW)
+    python3 probe.py spoof SRC DST DPORT SPORT        {"sent": bool, "error": str}: one TCP SYN from a
+                                                      forged source address (needs CAP_NET_RAW)
+
+Every probe prints one JSON line and exits 0 (``hold`` exits 1 when its connection dies). The DNS
+packet helpers are imported by the host side too (tests/hardening/testnet.py).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import errno
+import json
+import os
+import resource
+import select
+import socket
+import struct
+import sys
+import time
+
+
+def dns_packet(name: str, qid: int = 0x5B5B) -> bytes:
+    """A DNS A query for ``name`` (recursion desired)."""
+    header = qid.to_bytes(2, "big") + b"\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+    qname = b"".join(len(p).to_bytes(1, "big") + p.encode() for p in name.split(".")) + b"\x00"
+    return header + qname + b"\x00\x01\x00\x01"
+
+
+def first_a_record(reply: bytes) -> str | None:
+    """The first A record of a DNS reply, or None (a small parser, enough for dnsmasq's answers)."""
+    if len(reply) < 12 or reply[3] & 0x0F != 0:
+        return None
+    answers = int.from_bytes(reply[6:8], "big")
+    pos = 12
+    while reply[pos] != 0:
+        pos += reply[pos] + 1
+    pos += 5
+    for _ in range(answers):
+        if reply[pos] & 0xC0 == 0xC0:
+            pos += 2
+        else:
+            pos = reply.index(b"\x00", pos) + 1
+        rtype = int.from_bytes(reply[pos : pos + 2], "big")
+        rdlen = int.from_bytes(reply[pos + 8 : pos + 10], "big")
+        pos += 10
+        if rtype == 1 and rdlen == 4:
+            return socket.inet_ntoa(reply[pos : pos + 4])
+        pos += rdlen
+    return None
+
+
+def dns_query(server: str, name: str, proto: str = "udp", timeout: float = 2.0) -> dict[str, object]:
+    packet = dns_packet(name)
+    try:
+        if proto == "tcp":
+            with socket.create_connection((server, 53), timeout=timeout) as sock:
+                sock.sendall(len(packet).to_bytes(2, "big") + packet)
+                size = int.from_bytes(sock.recv(2), "big")
+                data = b""
+                while len(data) < size:
+                    chunk = sock.recv(size - len(data))
+                    if not chunk:
+                        break
+                    data += chunk
+        else:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.settimeout(timeout)
+                sock.sendto(packet, (server, 53))
+                data = sock.recv(512)
+        return {"answer": first_a_record(data), "error": ""}
+    except (OSError, ValueError, IndexError) as exc:
+        return {"answer": None, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def tcp(host: str, port: int, timeout: float = 2.0) -> dict[str, object]:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            addr = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4]
+            sock.connect(addr)
+        return {"open": True, "error": ""}
+    except OSError as exc:
+        return {"open": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def http(host: str, port: int, timeout: float = 3.0) -> dict[str, object]:
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(f"GET / HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+            data = b""
+            while True:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        return {"ok": head.startswith(b"HTTP/1.0 200"), "body": body.decode(errors="replace"), "error": ""}
+    except OSError as exc:
+        return {"ok": False, "body": "", "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _ports(spec: str) -> list[int]:
+    out: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def sweep(timeout: float, targets: list[str]) -> dict[str, object]:
+    """Non-blocking TCP connects to every host:port at once (nmap -sT, bounded), then wait."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # one socket per target at once
+    pending: dict[int, tuple[socket.socket, str, int]] = {}
+    found: list[list[object]] = []
+    tried = 0
+    for target in targets:
+        host, _, spec = target.rpartition(":")
+        for port in _ports(spec):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            tried += 1
+            code = sock.connect_ex((host, port))
+            if code == 0:
+                found.append([host, port])
+                sock.close()
+            elif code in (errno.EINPROGRESS, errno.EAGAIN):
+                pending[sock.fileno()] = (sock, host, port)
+            else:
+                sock.close()
+    poller = select.poll()
+    for fd in pending:
+        poller.register(fd, select.POLLOUT | select.POLLERR | select.POLLHUP)
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for fd, _ in poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+            sock, host, port = pending.pop(fd)
+            poller.unregister(fd)
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                found.append([host, port])
+            sock.close()
+    for sock, _, _ in pending.values():
+        sock.close()
+    return {"open": sorted(found), "tried": tried}
+
+
+def burst(host: str, port: int, count: int, window: float) -> dict[str, object]:
+    """Start ``count`` connections at once; how many are established within ``window`` seconds."""
+    result = sweep(window, [f"{host}:{port}"] * count) if count else {"open": []}
+    return {"connected": len(result["open"]), "tried": count}  # type: ignore[arg-type]
+
+
+def hold(host: str, port: int, logfile: str) -> int:
+    """Keep one connection open, echo a line every 0.3 s; log each round trip; exit 1 when it dies."""
+    with open(logfile, "a", buffering=1) as log:
+        try:
+            sock = socket.create_connection((host, port), timeout=3)
+        except OSError as exc:
+            log.write(f"connect FAIL {exc}\n")
+            return 1
+        sock.settimeout(2)
+        reader = sock.makefile("rb")
+        n = 0
+        while True:
+            try:
+                sock.sendall(f"ping {n}\n".encode())
+                line = reader.readline()
+                if line != f"ping {n}\n".encode():
+                    raise OSError(f"connection closed ({line!r})")
+            except OSError as exc:
+                log.write(f"echo {n} FAIL {exc}\n")
+                return 1
+            log.write(f"echo {n} ok\n")
+            n += 1
+            time.sleep(0.3)
+
+
+def _checksum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\x00"
+    total: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    total = (total >> 16) + (total & 0xFFFF)
+    total += total >> 16
+    return ~total & 0xFFFF
+
+
+def icmp(host: str, timeout: float = 2.0) -> dict[str, object]:
+    """One ICMP echo request with a raw socket (what `ping -c1` does)."""
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    except OSError as exc:
+        return {"reply": False, "error": f"socket: {exc}"}
+    ident = os.getpid() & 0xFFFF
+    payload = b"sandbox-rt-hardening"
+    header = struct.pack("!BBHHH", 8, 0, 0, ident, 1)
+    packet = struct.pack("!BBHHH", 8, 0, _checksum(header + payload), ident, 1) + payload
+    with sock:
+        sock.settimeout(timeout)
+        try:
+            sock.sendto(packet, (host, 0))
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                data, addr = sock.recvfrom(2048)
+                ihl = (data[0] & 0x0F) * 4
+                kind, _, _, rid, _ = struct.unpack("!BBHHH", data[ihl : ihl + 8])
+                if addr[0] == host and kind == 0 and rid == ident:
+                    return {"reply": True, "error": ""}
+        except OSError as exc:
+            return {"reply": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"reply": False, "error": "timeout"}
+
+
+def spoof(src: str, dst: str, dport: int, sport: int) -> dict[str, object]:
+    """Send one TCP SYN with a forged IPv4 source address (a raw IP_HDRINCL socket)."""
+    tcp = struct.pack("!HHIIBBHHH", sport, dport, 1000, 0, 5 << 4, 0x02, 64240, 0, 0)
+    pseudo = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!BBH", 0, 6, len(tcp))
+    tcp = tcp[:16] + struct.pack("!H", _checksum(pseudo + tcp)) + tcp[18:]
+    header = struct.pack(
+        "!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 1, 0, 64, 6, 0, socket.inet_aton(src), socket.inet_aton(dst)
+    )
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as sock:
+            sock.sendto(header + tcp, (dst, 0))
+    except OSError as exc:
+        return {"sent": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"sent": True, "error": ""}
+
+
+def main(argv: list[str]) -> int:
+    cmd, args = argv[0], argv[1:]
+    if cmd == "hold":
+        return hold(args[0], int(args[1]), args[2])
+    if cmd == "tcp":
+        out = tcp(args[0], int(args[1]), float(args[2]) if len(args) > 2 else 2.0)
+    elif cmd == "http":
+        out = http(args[0], int(args[1]), float(args[2]) if len(args) > 2 else 3.0)
+    elif cmd == "dns":
+        out = dns_query(args[0], args[1], args[2] if len(args) > 2 else "udp")
+    elif cmd == "dns-many":
+        name, specs = args[0], args[1:]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(specs) or 1) as pool:
+            futures = {s: pool.submit(dns_query, s.split("/")[0], name, s.split("/")[1]) for s in specs}
+        out = {s: f.result()["answer"] for s, f in futures.items()}
+    elif cmd == "sweep":
+        out = sweep(float(args[0]), args[1:])
+    elif cmd == "burst":
+        out = burst(args[0], int(args[1]), int(args[2]), float(args[3]))
+    elif cmd == "spoof":
+        out = spoof(args[0], args[1], int(args[2]), int(args[3]))
+    elif cmd == "icmp":
+        out = icmp(args[0], float(args[1]) if len(args) > 1 else 2.0)
+    else:
+        print(f"unknown probe {cmd!r}", file=sys.stderr)
+        return 2
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
