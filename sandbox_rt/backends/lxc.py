@@ -37,7 +37,7 @@ from .base import GcCandidate
 from .intents import CreateMarkers
 from .owner import owner_alive, process_start_time
 
-__all__ = ["LxcBackend", "cgroup_limit_lines", "owner_alive", "process_start_time"]
+__all__ = ["LxcBackend", "cgroup_limit_lines", "cgroup_limits"]
 
 RECORD_FILE = "sandbox_rt.json"
 # config keys the runtime writes per clone (whatever the template had for them is replaced)

@@ -102,6 +102,7 @@ class ProxmoxBackend:
                 raise ConfigError(f"cannot read pve_token_secret_file: {exc.strerror}") from exc
         verify: bool | str = True
         if s.pve_verify.lower() in ("false", "0", "no"):
+            # only when the operator set pve_verify=false explicitly, and never silently
             warnings.warn("TLS verification of the PVE API is off (pve_verify=false)", stacklevel=3)
             verify = False
         elif s.pve_verify.lower() not in ("true", "1", "yes"):

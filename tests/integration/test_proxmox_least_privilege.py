@@ -168,8 +168,8 @@ def test_the_full_role_runs_the_lifecycle(env: Env) -> None:
 
 
 def test_the_runtime_suite_grants_no_other_privilege() -> None:
-    """tests/integration/runtime/pve_env.py grants the same set by hand, plus Datastore.Audit, which no
-    runtime call checks (the full-role lifecycle above runs without it)."""
+    """tests/integration/runtime/pve_env.py grants the role's set (it reads the role's defaults); at most
+    Datastore.Audit more, which no runtime call checks (the full-role lifecycle above runs without it)."""
     from tests.integration.runtime.pve_env import PRIVILEGES as SUITE
 
     assert set(PRIVILEGES) <= set(SUITE)

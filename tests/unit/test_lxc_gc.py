@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from sandbox_rt.backends.lxc import LxcBackend, owner_alive, process_start_time
+from sandbox_rt.backends.lxc import LxcBackend
+from sandbox_rt.backends.owner import owner_alive, process_start_time
 from sandbox_rt.config import Settings
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+import yaml  # type: ignore[import-untyped]
 from proxmoxer import ProxmoxAPI
 from proxmoxer.tools import Tasks
 
@@ -27,20 +28,10 @@ TEMPLATE_VMID = 9000
 ROLE = "SandboxRuntime"
 USER = "sandbox-rt@pve"
 TOKEN = "runtime"
-# The least privileges the runtime's calls need (derived from the schema's permission checks).
-PRIVILEGES = [
-    "VM.Allocate",
-    "VM.Clone",
-    "VM.Audit",
-    "VM.PowerMgmt",
-    "VM.Config.CPU",
-    "VM.Config.Memory",
-    "VM.Config.Network",
-    "VM.Config.Options",
-    "VM.Config.Disk",
-    "Datastore.AllocateSpace",
-    "SDN.Use",
-]
+# The least privileges the runtime's calls need: the proxmox_access role's own list (one source;
+# tests/integration/test_proxmox_least_privilege.py proves each one is needed).
+ROLE_DEFAULTS = Path(__file__).resolve().parents[3] / "roles" / "proxmox_access" / "defaults" / "main.yml"
+PRIVILEGES: list[str] = list(yaml.safe_load(ROLE_DEFAULTS.read_text())["proxmox_access_privileges"])
 
 
 def _wait(api: ProxmoxAPI, upid: str) -> None:
