@@ -1,190 +1,146 @@
-"""Lifecycle latency of sandbox_rt vs the raw engine, measured in the same run on the same machine.
+"""Lifecycle latency on the LXC backend vs the raw engine, measured in the same run.
 
-    python -m benchmarks.lifecycle [--runs 20] [--json out.json]
+    python -m benchmarks --only lifecycle      (or, as before: python -m benchmarks.lifecycle --runs 20)
 
-Rows: warm-pool acquire (create() when the pool has a sandbox ready), create → SSH-ready (vs raw
-lxc-copy -s + lxc-start + first TCP connect to :22 on a static IP),
-exec round trip of `true` (vs OpenSSH ControlMaster to the same container, and vs lxc-attach),
-destroy (vs raw lxc-stop -k + lxc-destroy). Prints median, p90, max and the ratio of medians.
+- create → SSH-ready (``Manager.create`` returns a connected sandbox) vs raw ``lxc-copy -s -B
+  overlayfs`` + static IP + ``lxc-start`` + first TCP connect to :22;
+- create → first command (create + ``exec("true")``) vs the same raw container + OpenSSH's first
+  ``ssh true`` (a fresh connection, host key pinned);
+- warm-pool acquire (``Manager(pool_size=2).create()`` with a sandbox ready) vs the raw create;
+- exec round trip of ``true`` vs OpenSSH through a ControlMaster to the same sandbox, and vs
+  ``lxc-attach``;
+- destroy vs raw ``lxc-stop -k`` + ``lxc-destroy``.
+Raw and runtime samples alternate, so drift on a shared machine hits both alike.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import socket
-import statistics
 import subprocess
-import tempfile
+import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
+from typing import Any
 
 import sandbox_rt
-from sandbox_rt.backends.lxc import LxcBackend
-from sandbox_rt.ipam import mac_for_ip
+
+from .context import Bench
+from .raw import OpenSSH, wait_port
+from .stats import compare, summary
+
+__all__ = ["run"]
+
+WHAT = {
+    "create_ssh_ready": "Manager.create() until the sandbox is SSH-connected",
+    "raw_create_port22": "raw lxc-copy + lxc-start + first TCP connect to :22",
+    "create_first_exec": "Manager.create() + exec('true')",
+    "raw_create_first_ssh": "raw lxc-copy + lxc-start + OpenSSH `ssh true` (new connection)",
+    "warm_pool_acquire": "create() with Manager(pool_size=2) holding a ready sandbox",
+    "exec_true": "Sandbox.exec('true') round trip",
+    "raw_openssh_controlmaster": "OpenSSH `ssh true` through a ControlMaster",
+    "raw_lxc_attach": "lxc-attach -- true",
+    "destroy": "Sandbox.destroy()",
+    "raw_destroy": "raw lxc-stop -k + lxc-destroy",
+}
+RAW = {k for k in WHAT if k.startswith("raw_")}
 
 
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
-
-
-def _summary(values: list[float]) -> dict[str, float]:
-    return {
-        "median_ms": statistics.median(values) * 1e3,
-        "p90_ms": _pct(values, 0.9) * 1e3,
-        "max_ms": max(values) * 1e3,
-        "n": len(values),
-    }
-
-
-def _wait_port(ip: str, port: int = 22, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((ip, port), timeout=0.5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.005)  # polling a booting container's port
-
-
-class RawLxc:
-    """The engine alone: what a sandbox costs without the runtime."""
-
-    def __init__(self, mgr: sandbox_rt.Manager) -> None:
-        backend = mgr.backend
-        assert isinstance(backend, LxcBackend)
-        self.b = backend
-        self.s = mgr.settings
-
-    def create(self, name: str, ip: str) -> None:
-        p = str(self.s.lxc_path)
-        subprocess.run(
-            ["lxc-copy", "-P", p, "-n", self.s.template, "-N", name, "-s", "-B", "overlayfs"],
-            check=True,
-            capture_output=True,
-        )
-        with (self.s.lxc_path / name / "config").open("a") as fh:
-            fh.write(
-                f"lxc.net.0.ipv4.address = {ip}/{self.b.prefixlen}\n"
-                f"lxc.net.0.ipv4.gateway = {self.s.gateway}\nlxc.net.0.hwaddr = {mac_for_ip(ip)}\n"
-            )
-        subprocess.run(["lxc-start", "-P", p, "-n", name], check=True, capture_output=True)
-        _wait_port(ip)
-
-    def destroy(self, name: str) -> None:
-        p = str(self.s.lxc_path)
-        subprocess.run(["lxc-stop", "-P", p, "-n", name, "-k"], check=True, capture_output=True)
-        subprocess.run(["lxc-destroy", "-P", p, "-n", name], check=True, capture_output=True)
-
-
-def _time(fn: Callable[[], object]) -> float:
+def _timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
 
 
-def run(runs: int) -> dict[str, dict[str, float]]:
-    mgr = sandbox_rt.Manager.from_env()
-    raw = RawLxc(mgr)
-    res: dict[str, list[float]] = {
-        k: []
-        for k in (
-            "create_ssh_ready",
-            "raw_create_port22",
-            "destroy",
-            "raw_destroy",
-            "exec_true",
-            "raw_openssh_controlmaster",
-            "raw_lxc_attach",
-            "warm_pool_acquire",
-        )
-    }
-    raw_ip = "10.99.254.250"
-    for i in range(runs):
-        name = f"bench-raw-{os.getpid()}-{i}"
-        res["raw_create_port22"].append(_time(lambda n=name: raw.create(n, raw_ip)))
-        res["raw_destroy"].append(_time(lambda n=name: raw.destroy(n)))
-        t0 = time.perf_counter()
-        sb = mgr.create(memory_mb=512, labels={"bench": "1"})
-        res["create_ssh_ready"].append(time.perf_counter() - t0)
-        res["destroy"].append(_time(sb.destroy))
+def _run_ok(cmd: list[str]) -> None:
+    subprocess.run(cmd, check=True, capture_output=True)
 
-    # exec round trips on one sandbox, against OpenSSH ControlMaster and lxc-attach to the same one
-    with mgr.create(memory_mb=512, labels={"bench": "1"}) as sb, tempfile.TemporaryDirectory() as tmp:
-        known = Path(tmp) / "known_hosts"
-        known.write_text(f"{sb.ip} {sb.record.host_key}\n")
-        ctl = Path(tmp) / "ctl"
-        base = [
-            "ssh",
-            "-i",
-            str(mgr.settings.ssh_key),
-            "-o",
-            f"UserKnownHostsFile={known}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            f"ControlPath={ctl}",
-            "-o",
-            "BatchMode=yes",
-            f"{mgr.settings.ssh_user}@{sb.ip}",
-        ]
-        subprocess.run(
-            [*base[:-1], "-o", "ControlMaster=yes", "-o", "ControlPersist=60", "-fN", base[-1]], check=True
-        )
+
+def _raw_cycle(b: Bench, res: dict[str, list[float]]) -> None:
+    """One raw container: create to :22, then OpenSSH's first command, then destroy."""
+    name = b.raw.new_name()
+    with b.raw.address() as ip:
         try:
-            for _ in range(max(runs, 20) * 5):
-                res["exec_true"].append(_time(lambda: sb.exec("true")))
-                res["raw_openssh_controlmaster"].append(
-                    _time(lambda: subprocess.run([*base, "true"], check=True))
-                )
-                res["raw_lxc_attach"].append(
-                    _time(
-                        lambda: subprocess.run(
-                            ["lxc-attach", "-P", str(mgr.settings.lxc_path), "-n", sb.id, "--", "true"],
-                            check=True,
-                        )
-                    )
-                )
+            t0 = time.perf_counter()
+            b.raw.clone_start(name, ip)
+            wait_port(ip)
+            t_port = time.perf_counter()
+            ossh = OpenSSH(ip, b.raw.host_key(name), b.settings.ssh_key, b.settings.ssh_user, b.tmp / name)
+            _run_ok(ossh.ssh("true"))
+            t_ssh = time.perf_counter()
+            res["raw_create_port22"].append(t_port - t0)
+            res["raw_create_first_ssh"].append(t_ssh - t0)
+            res["raw_destroy"].append(_timed(lambda: b.raw.destroy(name)))
         finally:
-            subprocess.run([*base[:-1], "-O", "exit", base[-1]], capture_output=True)
+            b.raw.remove(name)
 
-    # warm pool: time from create() to a usable sandbox when the pool has one ready
-    with sandbox_rt.Manager(mgr.settings, pool_size=2, pool_spec={"labels": {"bench": "1"}}) as warm:
+
+def _cycle(b: Bench, res: dict[str, list[float]]) -> None:
+    t0 = time.perf_counter()
+    sb = b.create()
+    t_ready = time.perf_counter()
+    try:
+        sb.exec("true", check=True)
+        t_first = time.perf_counter()
+        res["create_ssh_ready"].append(t_ready - t0)
+        res["create_first_exec"].append(t_first - t0)
+    finally:
+        res["destroy"].append(_timed(sb.destroy))
+
+
+def _exec_round_trips(b: Bench, res: dict[str, list[float]], count: int) -> None:
+    with b.sandbox() as sb:
+        ossh = OpenSSH(sb.ip, sb.record.host_key, b.settings.ssh_key, b.settings.ssh_user, b.tmp / "exec")
+        attach = ["lxc-attach", "-P", str(b.settings.lxc_path), "-n", sb.id, "--", "true"]
+        with ossh.master():
+            sb.exec("true")  # the first session pays sshd's post-auth set-up: not a round trip
+            _run_ok(ossh.ssh("true", mux=True))
+            for _ in range(count):
+                b.checkpoint()
+                res["exec_true"].append(_timed(lambda: sb.exec("true")))
+                res["raw_openssh_controlmaster"].append(_timed(lambda: _run_ok(ossh.ssh("true", mux=True))))
+                res["raw_lxc_attach"].append(_timed(lambda: _run_ok(attach)))
+
+
+def _warm_pool(b: Bench, res: dict[str, list[float]], runs: int) -> None:
+    spec = {"labels": b.labels, "memory_mb": b.opts.memory_mb}
+    with sandbox_rt.Manager(b.settings, pool_size=2, pool_spec=spec) as warm:
         assert warm.pool is not None
         for _ in range(runs):
+            b.checkpoint()
             if not warm.pool.wait_ready(1, timeout=60):
-                raise RuntimeError("warm pool did not refill")
+                raise RuntimeError("the warm pool did not refill within 60 s")
             t0 = time.perf_counter()
-            sb = warm.create(memory_mb=512, labels={"bench": "1"})
+            sb = b.create(warm)
             res["warm_pool_acquire"].append(time.perf_counter() - t0)
             sb.destroy()
-    return {k: _summary(v) for k, v in res.items()}
+
+
+def run(b: Bench) -> dict[str, Any]:
+    runs = b.opts.runs
+    res: dict[str, list[float]] = {k: [] for k in WHAT}
+    for _ in range(runs):
+        b.checkpoint()
+        _raw_cycle(b, res)
+        b.checkpoint()
+        _cycle(b, res)
+    _exec_round_trips(b, res, max(runs * 5, 20))
+    _warm_pool(b, res, runs)
+    measures = {k: summary(v, WHAT[k], raw=k in RAW) for k, v in res.items()}
+    comparisons = [
+        compare(measures, "create_ssh_ready", "raw_create_port22"),
+        compare(measures, "create_first_exec", "raw_create_first_ssh"),
+        compare(measures, "warm_pool_acquire", "raw_create_port22"),
+        compare(measures, "exec_true", "raw_openssh_controlmaster"),
+        compare(measures, "exec_true", "raw_lxc_attach"),
+        compare(measures, "destroy", "raw_destroy"),
+    ]
+    return {"measures": measures, "comparisons": comparisons, "facts": {"runs": runs}}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=20)
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
-    table = run(args.runs)
-    pairs = {
-        "create_ssh_ready": "raw_create_port22",
-        "destroy": "raw_destroy",
-        "exec_true": "raw_openssh_controlmaster",
-    }
-    print(f"{'measure':28} {'median ms':>10} {'p90 ms':>9} {'max ms':>9} {'ratio':>7}")
-    for k, v in table.items():
-        ratio = ""
-        if k in pairs:
-            ratio = f"{v['median_ms'] / table[pairs[k]]['median_ms']:.2f}x"
-        print(f"{k:28} {v['median_ms']:10.1f} {v['p90_ms']:9.1f} {v['max_ms']:9.1f} {ratio:>7}")
-    if args.json:
-        args.json.write_text(json.dumps(table, indent=1))
+    """``python -m benchmarks.lifecycle [--runs N] [--json PATH]``: this group alone."""
+    from .__main__ import main as suite_main
+
+    sys.exit(suite_main(["--only", "lifecycle", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

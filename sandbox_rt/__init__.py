@@ -19,9 +19,18 @@ from .errors import (
     SandboxError,
     SandboxNotFound,
     SandboxNotReady,
+    SnapshotNotFound,
 )
 from .manager import GcResult, Manager
-from .models import ExecResult, OutputChunk, ResourceUsage, SandboxRecord, SandboxSpec, SandboxStatus
+from .models import (
+    ExecResult,
+    OutputChunk,
+    ResourceUsage,
+    SandboxRecord,
+    SandboxSpec,
+    SandboxStatus,
+    SnapshotInfo,
+)
 from .sandbox import ExecStream, Sandbox
 
 __version__ = "0.1.0"
@@ -49,5 +58,7 @@ __all__ = [
     "SandboxSpec",
     "SandboxStatus",
     "Settings",
+    "SnapshotInfo",
+    "SnapshotNotFound",
     "__version__",
 ]

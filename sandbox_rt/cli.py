@@ -53,9 +53,17 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--memory", type=int, default=1024, metavar="MB", help="memory limit in MiB")
         sp.add_argument("--disk", type=int, default=8, metavar="GB")
         sp.add_argument("--internet", action="store_true", help="allow HTTP/HTTPS to the internet")
+        sp.add_argument(
+            "--egress",
+            action="append",
+            default=[],
+            metavar="DEST",
+            help="without internet, allow only this address, network or domain (repeatable)",
+        )
         sp.add_argument("--hostname")
         sp.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
         sp.add_argument("--ttl", type=int, metavar="SECONDS", help="destroy by gc after this long")
+        sp.add_argument("--from-snapshot", metavar="NAME", help="fork this snapshot instead of the template")
 
     run = sub.add_parser("run", help="create a sandbox, run CMD (streaming), destroy it")
     spec_args(run)
@@ -69,6 +77,13 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("id")
     ex.add_argument("--timeout", type=_positive_float)
     ex.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD")
+
+    sn = sub.add_parser("snapshot", help="save a sandbox's files as a named snapshot (to fork)")
+    sn.add_argument("id")
+    sn.add_argument("name")
+    sub.add_parser("snapshots", help="list snapshots")
+    ds = sub.add_parser("delete-snapshot", help="delete snapshots by name")
+    ds.add_argument("names", nargs="+", metavar="NAME")
 
     ls = sub.add_parser("ls", help="list sandboxes")
     ls.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
@@ -157,9 +172,11 @@ class _Cli:
             memory_mb=a.memory,
             disk_gb=a.disk,
             internet=a.internet,
+            egress=a.egress,
             hostname=a.hostname,
             labels=_labels(a.label),
             ttl_s=a.ttl,
+            from_snapshot=a.from_snapshot,
             progress=self.progress,
         )
 
@@ -185,6 +202,25 @@ class _Cli:
                 return self._stream(sb, words, a.timeout)
             finally:
                 sb.close()
+        if a.cmd == "snapshot":
+            info = mgr.snapshot(a.id, a.name)
+            self.out(dataclasses.asdict(info), info.name)
+            return 0
+        if a.cmd == "snapshots":
+            snaps = mgr.list_snapshots()
+            lines = [f"{'NAME':40} {'SOURCE':16} {'CREATED':20} SIZE"]
+            for sn in snaps:
+                created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(sn.created_at))
+                size = f"{sn.size_bytes / 1e6:.1f} MB" if sn.size_bytes is not None else "-"
+                lines.append(f"{sn.name:40} {sn.source_id:16} {created:20} {size}")
+            self.out([dataclasses.asdict(sn) for sn in snaps], "\n".join(lines))
+            return 0
+        if a.cmd == "delete-snapshot":
+            for name in a.names:
+                mgr.delete_snapshot(name)
+                self.progress(f"deleted snapshot {name}")
+            self.out({"deleted": a.names}, "")
+            return 0
         if a.cmd == "ls":
             records = mgr.list(labels=_labels(a.label))
             lines = [f"{'ID':16} {'IP':15} {'HOSTNAME':20} {'EXPIRES':20} LABELS"]

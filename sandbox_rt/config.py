@@ -39,8 +39,17 @@ class Settings:
     nft_family: str = "inet"
     nft_table: str = "sandbox"
     nft_internet_set: str = "internet_allowed"
+    # per-sandbox network state (internet, egress) the sandbox tables include on every load
+    net_state_dir: Path = Path("/var/lib/sandbox_rt/net")
+    # dnsmasq reads *.conf here; the runtime writes the egress allow-list's nftset lines
+    dnsmasq_conf_dir: Path = Path("/etc/sandbox_rt/dnsmasq.d")
+    dnsmasq_conf: Path = Path("/etc/sandbox_rt/dnsmasq.conf")
+    dnsmasq_pidfile: Path = Path("/run/sandbox_rt/dnsmasq.pid")
     idmap_base: int = 100000
     idmap_size: int = 65536
+    # LXC: enforce disk_gb (each container dir a btrfs subvolume with a qgroup limit); needs the
+    # LXC path on btrfs with quotas (lxc_host_storage: btrfs_loop). Off: disk_gb is not enforced.
+    disk_limits: bool = False
     ssh_ready_timeout_s: float = 30.0
     command_timeout_s: float = 300.0
     default_ttl_s: int = 3600
@@ -54,6 +63,9 @@ class Settings:
     pve_node: str = ""  # "" = the template's node (linked clones live where the template is)
     pve_template_vmid: int = 0
     pve_pool: str = "sandbox-pool"
+    # how long one PVE task (clone, start, resize, destroy) may run, and how long a "CT is locked"
+    # answer is retried; a task still running then is stopped and the step fails (BackendError)
+    pve_task_timeout_s: float = 300.0
     state_dir: Path = Path("/var/lib/sandbox_rt/state")
 
     def __post_init__(self) -> None:
@@ -104,7 +116,7 @@ class Settings:
             raise ConfigError(f"ip_pool_start={self.ip_pool_start} is after ip_pool_end={self.ip_pool_end}")
         if self.backend not in ("lxc", "proxmox"):
             raise ConfigError(f"backend={self.backend!r} must be 'lxc' or 'proxmox'")
-        for name in ("ssh_ready_timeout_s", "command_timeout_s"):
+        for name in ("ssh_ready_timeout_s", "command_timeout_s", "pve_task_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0")
         if self.backend == "proxmox":
@@ -125,6 +137,19 @@ class Settings:
         return ipaddress.IPv4Network(self.network_cidr)
 
 
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off", "")
+
+
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise ValueError(value)
+
+
 def _coerce(field: dataclasses.Field[Any], name: str, value: Any) -> Any:
     kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
     try:
@@ -134,6 +159,8 @@ def _coerce(field: dataclasses.Field[Any], name: str, value: Any) -> Any:
             return int(value)
         if kind == "float":
             return float(value)
+        if kind == "bool":
+            return _boolean(value)
         return str(value)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{name}={value!r} is not a valid {kind}") from exc

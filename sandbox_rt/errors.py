@@ -19,6 +19,7 @@ __all__ = [
     "SandboxError",
     "SandboxNotFound",
     "SandboxNotReady",
+    "SnapshotNotFound",
 ]
 
 
@@ -58,6 +59,14 @@ class SandboxNotFound(SandboxError, LookupError):
     def __init__(self, sandbox_id: str) -> None:
         self.sandbox_id = sandbox_id
         super().__init__(f"no sandbox with id {sandbox_id!r}")
+
+
+class SnapshotNotFound(SandboxError, LookupError):
+    """No snapshot with that name exists (or it was deleted, or on PVE its sandbox was destroyed)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"no snapshot named {name!r}")
 
 
 class SandboxNotReady(SandboxError):

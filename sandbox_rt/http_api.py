@@ -37,7 +37,7 @@ import stat
 import threading
 import types
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from http import HTTPStatus
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
@@ -53,9 +53,10 @@ from .errors import (
     SandboxError,
     SandboxNotFound,
     SandboxNotReady,
+    SnapshotNotFound,
 )
 from .http_openapi import openapi_document
-from .models import ExecResult, OutputChunk, SandboxRecord, SandboxStatus
+from .models import ExecResult, OutputChunk, SandboxRecord, SandboxStatus, SnapshotInfo
 
 if TYPE_CHECKING:
     from .manager import Manager
@@ -124,6 +125,8 @@ class SandboxLike(Protocol):
 
     def set_internet(self, enabled: bool) -> None: ...
 
+    def set_egress(self, egress: Sequence[str]) -> tuple[str, ...]: ...
+
     def status(self) -> SandboxStatus: ...
 
     def is_connected(self) -> bool: ...
@@ -144,9 +147,13 @@ class ManagerLike(Protocol):
         labels: Mapping[str, str] | None = None,
         ttl_s: int | None = None,
         detached: bool = False,
+        egress: Sequence[str] | None = None,
+        from_snapshot: str | None = None,
     ) -> SandboxLike: ...
 
     def attach(self, sandbox_id: str) -> SandboxLike: ...
+
+    def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo: ...
 
     def destroy(self, sandbox_id: str) -> None: ...
 
@@ -248,7 +255,7 @@ def error_for(exc: SandboxError, encoding: str = "utf-8") -> HttpError:
     extra: dict[str, Any] = {"type": type(exc).__name__}
     if isinstance(exc, ConfigError):
         return HttpError(400, "invalid_argument", message, extra=extra)
-    if isinstance(exc, SandboxNotFound):
+    if isinstance(exc, SandboxNotFound | SnapshotNotFound):
         return HttpError(404, "not_found", message, extra=extra)
     if isinstance(exc, CommandTimeout):
         # 504, not 408: clients and proxies may silently retry a 408, which would run the command again
@@ -284,6 +291,7 @@ _KINDS: dict[str, str] = {
     "boolean": "true or false",
     "string_map": "an object whose values are strings",
     "command": "a non-empty string or a non-empty array of strings",
+    "string_list": "an array of strings",
 }
 
 
@@ -312,6 +320,8 @@ def _is(kind: str, value: Any) -> bool:
         return _is("number", value) and float(value).is_integer()
     if kind == "string_map":
         return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+    if kind == "string_list":
+        return isinstance(value, builtins.list) and all(isinstance(w, str) for w in value)
     if kind == "command":
         if isinstance(value, str):
             return bool(value.strip())
@@ -342,6 +352,8 @@ CREATE_FIELDS: dict[str, tuple[str, bool]] = {
     "labels": ("string_map", True),
     "ttl_s": ("integer", True),
     "detached": ("boolean", False),
+    "egress": ("string_list", True),
+    "from_snapshot": ("string", True),
 }
 EXEC_FIELDS: dict[str, tuple[str, bool]] = {
     "command": ("command", False),
@@ -354,6 +366,8 @@ EXEC_FIELDS: dict[str, tuple[str, bool]] = {
     "stream": ("boolean", False),
 }
 INTERNET_FIELDS: dict[str, tuple[str, bool]] = {"enabled": ("boolean", False)}
+EGRESS_FIELDS: dict[str, tuple[str, bool]] = {"egress": ("string_list", False)}
+SNAPSHOT_FIELDS: dict[str, tuple[str, bool]] = {"name": ("string", False)}
 ENCODINGS = ("utf-8", "base64")
 
 
@@ -475,6 +489,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/sandboxes/{id}/files", "read_file"),
     Route("PUT", "/v1/sandboxes/{id}/files", "write_file"),
     Route("POST", "/v1/sandboxes/{id}/internet", "internet"),
+    Route("PUT", "/v1/sandboxes/{id}/egress", "egress"),
+    Route("POST", "/v1/sandboxes/{id}/snapshots", "snapshot"),
 )
 _COMPILED = [(r, r.pattern) for r in ROUTES]
 
@@ -925,6 +941,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             raise ConfigError("field 'enabled' is required (true or false)")
         self.app.cache.get(id).set_internet(body["enabled"])
         self._send_json(200, {"id": id, "internet": body["enabled"]})
+
+    def _h_egress(self, id: str) -> None:
+        body = self._json_body("egress")
+        _check_body(body, EGRESS_FIELDS, "egress")
+        if "egress" not in body:
+            raise ConfigError("field 'egress' is required (an array; [] closes the list)")
+        entries = self.app.cache.get(id).set_egress(body["egress"])
+        self._send_json(200, {"id": id, "egress": list(entries)})
+
+    def _h_snapshot(self, id: str) -> None:
+        body = self._json_body("snapshot")
+        _check_body(body, SNAPSHOT_FIELDS, "snapshot")
+        if "name" not in body:
+            raise ConfigError("field 'name' is required (the snapshot's name)")
+        info = self.app.manager.snapshot(id, body["name"])
+        self._send_json(201, dataclasses.asdict(info))
 
     def _h_read_file(self, id: str) -> None:
         self._read_body()

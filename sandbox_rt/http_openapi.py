@@ -21,6 +21,7 @@ _LABELS = {
 }
 _NULLABLE_NUMBER = {"type": ["number", "null"]}
 _NULLABLE_INT = {"type": ["integer", "null"]}
+_SNAPSHOT_NAME = "^[A-Za-z][A-Za-z0-9_-]{1,39}$"
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -116,16 +117,35 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "True (the API's default): the sandbox lives by its TTL, not by the "
                 "server process, so a server restart does not make it an orphan.",
             },
+            "egress": {
+                "type": ["array", "null"],
+                "maxItems": 64,
+                "items": {"type": "string"},
+                "description": "Without internet, reach only these IPv4 addresses, networks and domain "
+                "names (resolved by the host's DNS; lxc backend) on the internet ports.",
+            },
+            "from_snapshot": {
+                "type": ["string", "null"],
+                "pattern": _SNAPSHOT_NAME,
+                "description": "Fork this snapshot (its files, a new identity) instead of the template; "
+                "404 if there is none.",
+            },
         },
     },
     "ResourceUsage": {
         "type": "object",
-        "description": "Read from the host's cgroups; null where the engine cannot tell.",
+        "description": "Read from the host's cgroups (disk: the sandbox's root filesystem); null "
+        "where the engine cannot tell.",
         "properties": {
             "memory_bytes": _NULLABLE_INT,
             "memory_peak_bytes": _NULLABLE_INT,
             "cpu_time_s": _NULLABLE_NUMBER,
             "pids": _NULLABLE_INT,
+            "disk_bytes": {
+                **_NULLABLE_INT,
+                "description": "LXC: bytes the sandbox wrote (its overlay delta); PVE: the rootfs "
+                "usage PVE reports.",
+            },
         },
     },
     "SandboxStatus": {
@@ -143,6 +163,7 @@ _SCHEMAS: dict[str, Any] = {
             "usage",
             "labels",
             "expires_at",
+            "egress",
         ],
         "properties": {
             "id": _SANDBOX_ID,
@@ -157,6 +178,7 @@ _SCHEMAS: dict[str, Any] = {
             "usage": _ref("ResourceUsage"),
             "labels": _LABELS,
             "expires_at": {**_NULLABLE_NUMBER, "description": "Unix time after which gc destroys it."},
+            "egress": {"type": "array", "items": {"type": "string"}, "description": "The egress allow-list."},
         },
     },
     "SandboxInfo": {
@@ -280,11 +302,39 @@ _SCHEMAS: dict[str, Any] = {
             "error": {"$ref": "#/components/schemas/Error/properties/error"},
         },
     },
+    "SnapshotRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name"],
+        "properties": {"name": {"type": "string", "pattern": _SNAPSHOT_NAME}},
+    },
+    "SnapshotInfo": {
+        "type": "object",
+        "required": ["name", "source_id", "created_at", "backend", "size_bytes"],
+        "properties": {
+            "name": {"type": "string"},
+            "source_id": _SANDBOX_ID,
+            "created_at": {"type": "number", "description": "Unix time"},
+            "backend": {"type": "string"},
+            "size_bytes": {**_NULLABLE_INT, "description": "LXC: bytes of the saved files; PVE: null"},
+        },
+    },
     "InternetRequest": {
         "type": "object",
         "additionalProperties": False,
         "required": ["enabled"],
         "properties": {"enabled": {"type": "boolean"}},
+    },
+    "EgressRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["egress"],
+        "properties": {"egress": {"type": "array", "maxItems": 64, "items": {"type": "string"}}},
+    },
+    "EgressState": {
+        "type": "object",
+        "required": ["id", "egress"],
+        "properties": {"id": _SANDBOX_ID, "egress": {"type": "array", "items": {"type": "string"}}},
     },
     "InternetState": {
         "type": "object",
@@ -463,6 +513,36 @@ _PATHS: dict[str, Any] = {
             },
             "responses": {
                 "200": _json(_ref("InternetState"), "Applied."),
+                **_errors("400", "401", "404", "409", "502"),
+            },
+        },
+    },
+    "/v1/sandboxes/{id}/egress": {
+        "parameters": [_ID_PARAM],
+        "put": {
+            "operationId": "setEgress",
+            "summary": "Replace the egress allow-list (reachable while internet is off); [] closes it",
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref("EgressRequest")}},
+            },
+            "responses": {
+                "200": _json(_ref("EgressState"), "Applied; the list as normalised."),
+                **_errors("400", "401", "404", "409", "502"),
+            },
+        },
+    },
+    "/v1/sandboxes/{id}/snapshots": {
+        "parameters": [_ID_PARAM],
+        "post": {
+            "operationId": "snapshotSandbox",
+            "summary": "Save the sandbox's files as a named snapshot; create with from_snapshot forks it",
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref("SnapshotRequest")}},
+            },
+            "responses": {
+                "201": _json(_ref("SnapshotInfo"), "Saved."),
                 **_errors("400", "401", "404", "409", "502"),
             },
         },

@@ -7,20 +7,20 @@ import contextlib
 import dataclasses
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import paramiko
 
-from .backends.base import Backend
+from .backends.base import Backend, snapshot_backend
 from .config import Settings
-from .errors import ConfigError, SandboxError, SandboxNotFound
-from .models import SandboxRecord, SandboxSpec
+from .errors import ConfigError, SandboxError, SandboxNotFound, SnapshotNotFound
+from .models import SandboxRecord, SandboxSpec, SnapshotInfo
 from .pool import POOL_LABEL, WarmPool
 from .sandbox import Sandbox
 from .ssh import SSHExecutor, load_private_key, parse_public_key
-from .validation import check_sandbox_id, make_spec
+from .validation import check_sandbox_id, check_snapshot_name, make_spec
 
 __all__ = ["GcResult", "Manager", "new_sandbox_id"]
 
@@ -125,6 +125,8 @@ class Manager:
         labels: Mapping[str, str] | None = None,
         ttl_s: int | None = None,
         detached: bool = False,
+        egress: Sequence[str] | None = None,
+        from_snapshot: str | None = None,
         progress: Progress | None = None,
     ) -> Sandbox:
         """Clone the template, apply limits, start, connect; all or nothing.
@@ -133,6 +135,10 @@ class Manager:
         before the error is raised. ``ttl_s`` (default ``settings.default_ttl_s``) bounds its life:
         ``gc``/the reaper destroy it once expired; ``detached=True`` means it does not belong to
         this process (``gc(dead_owners=True)`` spares it when the process is gone).
+        ``egress`` lists what it may reach while internet is off: IPv4 addresses, networks and
+        domain names (resolved by the host's DNS into the sandbox's own nft set).
+        ``from_snapshot`` forks the named snapshot (see :meth:`Sandbox.snapshot`): its files, a new
+        identity (id, address, host key, machine-id, name); SnapshotNotFound if there is none.
         """
         spec = make_spec(
             hostname=hostname,
@@ -144,7 +150,12 @@ class Manager:
             labels=labels,
             ttl_s=ttl_s if ttl_s is not None else self.settings.default_ttl_s,
             detached=detached,
+            egress=egress,
         )
+        if from_snapshot is not None:  # a fork is never a warm-pool sandbox
+            check_snapshot_name(from_snapshot)
+            snapshot_backend(self.backend)
+            return self._create_cold(spec, progress, from_snapshot)
         if self.pool is not None:
             warm = self.pool.take()
             if warm is not None:
@@ -160,9 +171,13 @@ class Manager:
         sb.record = self.backend.update(sb.record, spec)
         if spec.internet:
             self.backend.set_internet(sb.record, True)
+        if spec.egress:
+            self.backend.set_egress(sb.record, spec.egress)
         return sb
 
-    def _create_cold(self, spec: SandboxSpec, progress: Progress | None) -> Sandbox:
+    def _create_cold(
+        self, spec: SandboxSpec, progress: Progress | None, from_snapshot: str | None = None
+    ) -> Sandbox:
         key = self.key  # fail on a missing key before anything is made
         say = progress or (lambda _msg: None)
         sandbox_id = new_sandbox_id()
@@ -170,12 +185,18 @@ class Manager:
         backend.begin(sandbox_id)
         try:
             t0 = time.monotonic()
-            say(f"cloning {self.settings.template} -> {sandbox_id}")
-            record = backend.clone(sandbox_id, spec)
+            if from_snapshot is None:
+                say(f"cloning {self.settings.template} -> {sandbox_id}")
+                record = backend.clone(sandbox_id, spec)
+            else:
+                say(f"forking snapshot {from_snapshot} -> {sandbox_id}")
+                record = snapshot_backend(backend).clone_from_snapshot(sandbox_id, spec, from_snapshot)
             say(f"starting {sandbox_id} at {record.ip}")
             record = backend.start(sandbox_id)
             if spec.internet:
                 backend.set_internet(record, True)
+            if spec.egress:
+                backend.set_egress(record, spec.egress)
             say("waiting for SSH")
             sandbox = self._connect(record, key)
             say(f"ready in {time.monotonic() - t0:.2f} s")
@@ -210,6 +231,22 @@ class Manager:
         check_sandbox_id(sandbox_id)
         if not self.backend.destroy(sandbox_id):
             raise SandboxNotFound(sandbox_id)
+
+    # -- snapshots -------------------------------------------------------------------------------
+    def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
+        """Save a sandbox's files as snapshot ``name`` (see :meth:`Sandbox.snapshot`)."""
+        check_sandbox_id(sandbox_id)
+        check_snapshot_name(name)
+        return snapshot_backend(self.backend).snapshot(sandbox_id, name)
+
+    def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        return snapshot_backend(self.backend).list_snapshots()
+
+    def delete_snapshot(self, name: str) -> None:
+        """Delete a snapshot by name (forks made from it are not affected); SnapshotNotFound if none."""
+        check_snapshot_name(name)
+        if not snapshot_backend(self.backend).delete_snapshot(name):
+            raise SnapshotNotFound(name)
 
     def get(self, sandbox_id: str) -> SandboxRecord:
         return self.backend.get(check_sandbox_id(sandbox_id))

@@ -12,6 +12,7 @@ __all__ = [
     "SandboxRecord",
     "SandboxSpec",
     "SandboxStatus",
+    "SnapshotInfo",
 ]
 
 
@@ -60,6 +61,8 @@ class SandboxSpec:
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     ttl_s: int | None = None
     detached: bool = False  # no owner process: only the TTL ends it (gc --dead-owners spares it)
+    # destinations reachable without internet: IPv4 addresses, networks, domain names (normalised)
+    egress: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +89,9 @@ class ResourceUsage:
     memory_peak_bytes: int | None = None
     cpu_time_s: float | None = None
     pids: int | None = None
+    # root filesystem bytes the sandbox uses: LXC what it wrote (its overlay delta; the template is
+    # shared), PVE the rootfs usage PVE reports (``disk`` of status/current); None if unknown
+    disk_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,3 +110,19 @@ class SandboxStatus:
     usage: ResourceUsage
     labels: dict[str, str]
     expires_at: float | None
+    egress: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotInfo:
+    """A saved sandbox filesystem: ``Manager.create(from_snapshot=name)`` forks new sandboxes from it.
+
+    LXC: a copy of the sandbox's overlay delta, independent of the sandbox (it outlives it).
+    Proxmox VE: a PVE snapshot of the sandbox's CT, removed with that CT (docs/proxmox.md).
+    """
+
+    name: str
+    source_id: str  # the sandbox it was taken from
+    created_at: float
+    backend: str
+    size_bytes: int | None = None  # LXC: bytes of the saved delta; PVE: not reported

@@ -14,12 +14,20 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
 
+from .backends.base import snapshot_backend
 from .background import BackgroundProcess
 from .errors import ConfigError, ExecError, FileOperationError, SandboxError
 from .forward import PortForward
-from .models import ExecResult, OutputChunk, SandboxRecord, SandboxStatus
+from .models import ExecResult, OutputChunk, SandboxRecord, SandboxStatus, SnapshotInfo
 from .ssh import RawResult, SSHExecutor
-from .validation import check_env, check_remote_path, check_timeout, make_spec
+from .validation import (
+    check_egress,
+    check_env,
+    check_remote_path,
+    check_snapshot_name,
+    check_timeout,
+    make_spec,
+)
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -297,6 +305,16 @@ class Sandbox:
             raise ConfigError(f"enabled={enabled!r} must be True or False")
         self._backend.set_internet(self.record, enabled)
 
+    def set_egress(self, egress: Sequence[str]) -> tuple[str, ...]:
+        """Replace the egress allow-list (what is reachable while internet is off): IPv4 addresses,
+        networks and domain names; ``[]`` closes it again. Returns the normalised list."""
+        self._check_alive()
+        entries = check_egress(egress)
+        self._backend.set_egress(self.record, entries)
+        spec = dataclasses.replace(self.record.spec, egress=entries)
+        self.record = dataclasses.replace(self.record, spec=spec)
+        return entries
+
     def status(self) -> SandboxStatus:
         spec = self.record.spec
         state = self._backend.state(self.id)
@@ -314,6 +332,7 @@ class Sandbox:
             usage=self._backend.usage(self.id),
             labels=dict(spec.labels),
             expires_at=self.record.expires_at,
+            egress=spec.egress,
         )
 
     def expose(self, port: int, *, host: str = "127.0.0.1", host_port: int = 0) -> PortForward:
@@ -337,6 +356,15 @@ class Sandbox:
     def _close_forwards(self) -> None:
         while self._forwards:
             self._forwards.pop().close()
+
+    def snapshot(self, name: str) -> SnapshotInfo:
+        """Save this sandbox's files as snapshot ``name``; ``Manager.create(from_snapshot=name)``
+        forks new sandboxes from it. The sandbox is frozen while its files are copied (LXC) or
+        snapshotted (PVE), then goes on. Names: a letter, then 1-39 letters, digits, ``_``, ``-``;
+        an existing name is a ConfigError. On PVE the snapshot goes with this sandbox's CT.
+        """
+        self._check_alive()
+        return snapshot_backend(self._backend).snapshot(self.id, check_snapshot_name(name))
 
     def extend(self, ttl_s: int) -> None:
         """Let the sandbox live ``ttl_s`` seconds from now (E2B's ``set_timeout``)."""

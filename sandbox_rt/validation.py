@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import ConfigError
 from .models import SandboxSpec
 
 __all__ = [
+    "check_egress",
     "check_env",
     "check_hostname",
     "check_remote_path",
     "check_sandbox_id",
+    "check_snapshot_name",
     "check_timeout",
     "make_spec",
+    "split_egress",
 ]
 
 _HOSTNAME_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
@@ -27,6 +31,8 @@ SANDBOX_ID = re.compile(r"^sbx-[0-9a-f]{10}$")
 MIN_MEMORY_MB = 64
 MAX_DISK_GB = 4096
 MAX_TTL_S = 30 * 24 * 3600
+MAX_EGRESS_ENTRIES = 64
+_DOMAIN = re.compile(r"^(?=.{1,253}$)([a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z][a-z0-9-]{0,61}[a-z0-9]$")
 
 
 def check_hostname(hostname: str) -> str:
@@ -60,6 +66,7 @@ def make_spec(
     labels: Mapping[str, str] | None = None,
     ttl_s: int | None = None,
     detached: bool = False,
+    egress: Sequence[str] | None = None,
     host_cpus: int | None = None,
 ) -> SandboxSpec:
     """Validate ``create`` arguments into a :class:`SandboxSpec` or raise ConfigError."""
@@ -102,13 +109,82 @@ def make_spec(
         labels=clean_labels,
         ttl_s=int(ttl_s) if ttl_s is not None else None,
         detached=detached,
+        egress=check_egress(egress),
     )
+
+
+def check_egress(entries: Sequence[str] | None) -> tuple[str, ...]:
+    """An egress allow-list: IPv4 addresses, IPv4 networks (``192.0.2.0/24``) and domain names
+    (``example.org``, which also allows its subdomains; a leading ``*.`` means the same).
+
+    Returns the entries normalised (networks in canonical form, names lower-case, no duplicates).
+    """
+    if entries is None:
+        return ()
+    if isinstance(entries, str | bytes) or not isinstance(entries, Sequence | set | frozenset):
+        raise ConfigError(f"egress={entries!r} must be a list of addresses, networks or domain names")
+    if len(entries) > MAX_EGRESS_ENTRIES:
+        raise ConfigError(f"egress has {len(entries)} entries; at most {MAX_EGRESS_ENTRIES} are allowed")
+    out: list[str] = []
+    for entry in entries:
+        norm = _egress_entry(entry)
+        if norm not in out:
+            out.append(norm)
+    return tuple(out)
+
+
+def split_egress(entries: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(networks, domain names) of a normalised egress list (see :func:`check_egress`)."""
+    nets: list[str] = []
+    names: list[str] = []
+    for entry in entries:
+        (nets if entry[0].isdigit() else names).append(entry)
+    return nets, names
+
+
+def _egress_entry(entry: object) -> str:
+    if not isinstance(entry, str) or not entry or "\x00" in entry or len(entry) > 255:
+        raise ConfigError(f"egress entry {entry!r} must be a non-empty string")
+    text = entry.strip().lower()
+    if ":" in text:
+        raise ConfigError(f"egress entry {entry!r}: IPv6 is not routed to sandboxes; give IPv4 or a name")
+    if re.fullmatch(r"[0-9./]+", text):
+        try:
+            net = ipaddress.IPv4Network(text, strict=True)
+        except ValueError as exc:
+            raise ConfigError(f"egress entry {entry!r} is not an IPv4 address or network: {exc}") from exc
+        if net.prefixlen == 0:
+            raise ConfigError(f"egress entry {entry!r} allows everything; use internet=True instead")
+        return str(net.network_address) if net.prefixlen == 32 else str(net)
+    name = text.removeprefix("*.").removesuffix(".")
+    if not _DOMAIN.match(name):
+        raise ConfigError(
+            f"egress entry {entry!r} is not an IPv4 address, an IPv4 network or a domain name "
+            "(labels of a-z, 0-9 and '-', at least two labels)"
+        )
+    return name
 
 
 def check_sandbox_id(sandbox_id: str) -> str:
     if not isinstance(sandbox_id, str) or not SANDBOX_ID.match(sandbox_id):
         raise ConfigError(f"sandbox id {sandbox_id!r} is not of the form sbx-<10 hex digits>")
     return sandbox_id
+
+
+_SNAPSHOT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{1,39}$")
+_RESERVED_SNAPSHOT_NAMES = frozenset({"current", "vzdump"})
+
+
+def check_snapshot_name(name: str) -> str:
+    """A snapshot name valid on every backend: PVE's ``pve-configid`` (a letter, then 1-39 of
+    letters, digits, ``_`` and ``-``), not PVE's reserved ``current``/``vzdump``."""
+    if not isinstance(name, str) or not _SNAPSHOT_NAME.match(name):
+        raise ConfigError(
+            f"snapshot name {name!r} must be 2-40 characters: a letter, then letters, digits, '_' or '-'"
+        )
+    if name.lower() in _RESERVED_SNAPSHOT_NAMES:
+        raise ConfigError(f"snapshot name {name!r} is reserved")
+    return name
 
 
 def check_timeout(timeout: float | None, name: str = "timeout") -> float | None:

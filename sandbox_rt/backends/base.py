@@ -5,9 +5,10 @@ from __future__ import annotations
 import builtins
 from typing import Protocol, runtime_checkable
 
-from ..models import ResourceUsage, SandboxRecord, SandboxSpec
+from ..errors import ConfigError
+from ..models import ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
 
-__all__ = ["Backend", "GcCandidate"]
+__all__ = ["Backend", "GcCandidate", "SnapshotBackend", "snapshot_backend"]
 
 
 class GcCandidate:
@@ -72,4 +73,36 @@ class Backend(Protocol):
 
     def internet_enabled(self, record: SandboxRecord) -> bool: ...
 
+    def set_egress(self, record: SandboxRecord, egress: tuple[str, ...]) -> None:
+        """Allow only these destinations (validated, normalised) while internet is off."""
+        ...
+
     def gc_candidates(self, *, now: float, dead_owners: bool) -> builtins.list[GcCandidate]: ...
+
+
+@runtime_checkable
+class SnapshotBackend(Protocol):
+    """What a backend adds to support snapshots (an optional capability of :class:`Backend`).
+
+    ``snapshot`` saves a sandbox's filesystem under a name (validated by the caller); names are
+    unique per backend. ``clone_from_snapshot`` is ``clone`` with the snapshot's files instead of
+    the bare template, then the same per-clone identity (host key, machine-id, name, address);
+    it raises SnapshotNotFound before making anything when the name is unknown.
+    """
+
+    def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo: ...
+
+    def list_snapshots(self) -> builtins.list[SnapshotInfo]: ...
+
+    def delete_snapshot(self, name: str) -> bool:
+        """Remove the snapshot; True if it existed."""
+        ...
+
+    def clone_from_snapshot(self, sandbox_id: str, spec: SandboxSpec, name: str) -> SandboxRecord: ...
+
+
+def snapshot_backend(backend: object) -> SnapshotBackend:
+    """``backend`` as a :class:`SnapshotBackend`, or ConfigError if it has no snapshots."""
+    if not isinstance(backend, SnapshotBackend):
+        raise ConfigError(f"the {getattr(backend, 'name', type(backend).__name__)} backend has no snapshots")
+    return backend

@@ -4,8 +4,15 @@ Layout under ``settings.lxc_path`` (see docs/host-contract.md):
 - ``sandbox-template/`` the template (never started), ``sbx-<hex>/`` one dir per sandbox with the
   LXC ``config``, the overlay ``delta`` and ``sandbox_rt.json`` (the record: labels, expiry, owner,
   pinned host key). The record lives outside the container's root, so the sandbox cannot alter it.
+  With ``disk_limits`` the dir is a btrfs subvolume whose qgroup limit is ``disk_gb`` (see btrfs.py).
 - ``.runtime/creating/<id>.json`` marks a create in progress (the creator's pid): ``gc`` removes
   what a caller killed mid-create left, whatever step it died at.
+- ``snap-<name>/`` one dir per snapshot (root, 0700): ``delta/``, a copy of a sandbox's overlay
+  delta taken while it was frozen, and ``snapshot.json``. Not a container (no config, no
+  address); never matches ``sbx-<hex>``, so ``list``/``gc`` never see it. A fork is a normal
+  template clone whose fresh delta is first filled from ``delta/`` (then the per-clone identity
+  is written over it). ``.snap-tmp-<pid>-*``/``.snap-del-<pid>-*`` are a snapshot or delete in
+  progress (swept once their process is gone).
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import errno
+import fcntl
 import ipaddress
 import json
 import os
@@ -21,6 +30,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +38,25 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..config import Settings
-from ..errors import BackendError, SandboxNotFound
+from ..errors import BackendError, ConfigError, SandboxNotFound, SnapshotNotFound
 from ..ipam import IpPool, mac_for_ip
-from ..models import ResourceUsage, SandboxRecord, SandboxSpec
+from ..models import ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
+from ..netstate import NetState, SandboxNet
 from ..network import NftInternetSet
 from ..validation import SANDBOX_ID
 from .base import GcCandidate
+from .btrfs import create_subvolume, set_size_limit
+from .fstree import copy_tree, sweep_stale, tree_bytes
 from .intents import CreateMarkers
 from .owner import owner_alive, process_start_time
 
 __all__ = ["LxcBackend", "cgroup_limit_lines", "cgroup_limits"]
 
 RECORD_FILE = "sandbox_rt.json"
+SNAPSHOT_PREFIX = "snap-"  # snapshot dirs: never a sandbox id (sbx-<10 hex>)
+SNAPSHOT_FILE = "snapshot.json"
+_SNAP_TMP = ".snap-tmp-"  # + <pid>-<random>: a snapshot being written
+_SNAP_DEL = ".snap-del-"  # + <pid>-<random>: a snapshot being deleted
 # config keys the runtime writes per clone (whatever the template had for them is replaced)
 _OURS = (
     "lxc.uts.name",
@@ -101,7 +118,9 @@ def _spec_to_json(spec: SandboxSpec) -> dict[str, Any]:
 
 def _spec_from_json(data: dict[str, Any]) -> SandboxSpec:
     known = {f.name for f in dataclasses.fields(SandboxSpec)}
-    return SandboxSpec(**{k: v for k, v in data.items() if k in known})
+    values = {k: v for k, v in data.items() if k in known}
+    values["egress"] = tuple(values.get("egress") or ())
+    return SandboxSpec(**values)
 
 
 class LxcBackend:
@@ -125,6 +144,7 @@ class LxcBackend:
         )
         self.prefixlen = net.prefixlen
         self.internet = NftInternetSet(settings.nft_family, settings.nft_table, settings.nft_internet_set)
+        self.netstate = NetState(settings)
         self._v1 = cgroup_v1()
         self._memsw = (_CGROUP_ROOT / "memory" / "memory.memsw.limit_in_bytes").exists()
 
@@ -191,22 +211,28 @@ class LxcBackend:
     def end(self, sandbox_id: str) -> None:
         self.markers.remove(sandbox_id)
 
-    def clone(self, sandbox_id: str, spec: SandboxSpec) -> SandboxRecord:
+    def clone(self, sandbox_id: str, spec: SandboxSpec, *, delta: Path | None = None) -> SandboxRecord:
+        """Clone the template; with ``delta`` (a snapshot's) the clone starts with those files."""
         try:
-            return self._clone(sandbox_id, spec)
+            return self._clone(sandbox_id, spec, delta)
         except OSError as exc:  # disk full, permissions, ...: a typed error naming the step
             raise BackendError(f"{exc.strerror or exc} ({exc.filename or self.path})", step="clone") from exc
 
-    def _clone(self, sandbox_id: str, spec: SandboxSpec) -> SandboxRecord:
+    def _clone(self, sandbox_id: str, spec: SandboxSpec, delta: Path | None = None) -> SandboxRecord:
         template = self._template_dir()
         if not (template / "config").is_file():
             raise BackendError(
                 f"template {self.settings.template!r} not found in {self.path} (run site.yml)", step="clone"
             )
+        cdir = self._dir(sandbox_id)
+        if self.settings.disk_limits:  # the delta lives in the container dir: make it a subvolume
+            create_subvolume(cdir)
         self._lxc(
             "lxc-copy", "-n", self.settings.template, "-N", sandbox_id, "-s", "-B", "overlayfs", step="clone"
         )
-        cdir = self._dir(sandbox_id)
+        self._limit_disk(sandbox_id, spec)
+        if delta is not None:
+            self._fill_from_snapshot(cdir, delta)
         hostname = spec.hostname or sandbox_id
         lines = [ln for ln in self._config_lines(cdir) if not ln.strip().startswith(_OURS)]
         limits = cgroup_limit_lines(spec, v1=self._v1, memsw=self._memsw)
@@ -285,6 +311,8 @@ class LxcBackend:
         for i in range(1, len(parts)):
             sub = Path(*parts[:i])
             target = upper / sub
+            if target.is_symlink() or (target.exists() and not target.is_dir()):
+                target.unlink()  # a fork's delta comes from a sandbox: never write through its links
             if not target.exists():
                 src = lower / sub
                 st = src.stat() if src.is_dir() else None
@@ -292,6 +320,8 @@ class LxcBackend:
                 os.chown(target, st.st_uid if st else base, st.st_gid if st else base)
                 os.chmod(target, (st.st_mode & 0o7777) if st else 0o755)
         path = upper / rel
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -342,13 +372,14 @@ class LxcBackend:
     def update(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
         """Apply a new spec to a running sandbox: limits (live cgroup writes), hostname, labels, TTL.
 
-        Used by the warm pool on hand-out; ``disk_gb`` and ``internet`` are the caller's business.
+        Used by the warm pool on hand-out; ``internet`` and egress are the caller's business.
         """
         sid = record.id
         pid = self._init_pid(sid)
         if pid is None:
             raise BackendError(f"{sid} is not running", step="update")
         self._apply_live_limits(sid, spec)
+        self._limit_disk(sid, spec)
         cdir = self._dir(sid)
         lines = [ln for ln in self._config_lines(cdir) if not ln.strip().startswith(_LIMIT_KEYS)]
         lines += cgroup_limit_lines(spec, v1=self._v1, memsw=self._memsw)
@@ -369,6 +400,17 @@ class LxcBackend:
         )
         self._write_record(new, owner_start=process_start_time(new.owner_pid))
         return new
+
+    def _limit_disk(self, sandbox_id: str, spec: SandboxSpec) -> None:
+        """Bound what the sandbox may write to ``disk_gb`` (its dir's qgroup limit; live)."""
+        if not self.settings.disk_limits:
+            return
+        try:
+            set_size_limit(self._dir(sandbox_id), spec.disk_gb << 30)
+        except OSError as exc:
+            raise BackendError(
+                f"cannot limit {sandbox_id}'s disk to {spec.disk_gb} GiB: {exc.strerror or exc}", step="disk"
+            ) from exc
 
     def _cgroup_dir(self, sandbox_id: str, key: str) -> Path:
         group = f"lxc.payload.{sandbox_id}"
@@ -416,10 +458,9 @@ class LxcBackend:
         if (cdir / "config").exists():
             addr = self._config_value(self._config_lines(cdir), "lxc.net.0.ipv4.address")
             ip = str(ipaddress.IPv4Interface(addr).ip) if addr else None
-        if ip is not None:
-            with contextlib.suppress(BackendError):  # the table may be gone; the address goes with the CT
-                if self.internet.remove(ip):
-                    self._forget_connections(ip)
+        with contextlib.suppress(BackendError):  # the table may be gone; the address goes with the CT
+            if self.netstate.remove(sandbox_id, ip) and ip is not None:
+                self._forget_connections(ip)
         if existed:
             if self.state(sandbox_id) != "stopped":
                 proc = subprocess.run(
@@ -505,6 +546,7 @@ class LxcBackend:
                 memory_peak_bytes=read_int(mem / "memory.max_usage_in_bytes"),
                 cpu_time_s=cpu_ns / 1e9 if cpu_ns is not None else None,
                 pids=read_int(_CGROUP_ROOT / "pids" / group / "pids.current"),
+                disk_bytes=self._disk_bytes(sandbox_id),
             )
         g = _CGROUP_ROOT / group
         cpu_us: int | None = None
@@ -517,15 +559,23 @@ class LxcBackend:
             memory_peak_bytes=read_int(g / "memory.peak"),
             cpu_time_s=cpu_us / 1e6 if cpu_us is not None else None,
             pids=read_int(g / "pids.current"),
+            disk_bytes=self._disk_bytes(sandbox_id),
         )
 
     # -- network ---------------------------------------------------------------------------------
     def set_internet(self, record: SandboxRecord, enabled: bool) -> None:
-        if enabled:
-            self.internet.add(record.ip)
-        else:
-            self.internet.remove(record.ip)
+        self.netstate.set_internet(record.id, record.ip, enabled)
+        if not enabled:
             self._forget_connections(record.ip)
+
+    def set_egress(self, record: SandboxRecord, egress: tuple[str, ...]) -> None:
+        old = self.netstate.read(record.id) or SandboxNet(record.id, record.ip)
+        self.netstate.apply(dataclasses.replace(old, ip=record.ip, egress=egress))
+        if set(old.egress) - set(egress):
+            self._forget_connections(record.ip)  # connections to what is no longer allowed end now
+        stored, extra = self._read_record(record.id)
+        spec = dataclasses.replace(stored.spec, egress=egress)
+        self._write_record(dataclasses.replace(stored, spec=spec), owner_start=extra["owner_start_time"])
 
     @staticmethod
     def _forget_connections(ip: str) -> None:
@@ -556,3 +606,151 @@ class LxcBackend:
                 ):
                     found[sid] = "owner process died"
         return [GcCandidate(sid, reason) for sid, reason in sorted(found.items())]
+
+    # -- snapshots -------------------------------------------------------------------------------
+    def _disk_bytes(self, sandbox_id: str) -> int | None:
+        """What the sandbox wrote: its overlay delta's allocated bytes (bounded walk, see fstree)."""
+        try:
+            upper = self._rootfs_dirs(self._dir(sandbox_id))[1]
+        except (OSError, BackendError):
+            return None
+        return tree_bytes(upper)
+
+    def _freezer_dir(self, sandbox_id: str) -> Path:
+        group = f"lxc.payload.{sandbox_id}"
+        return _CGROUP_ROOT / "freezer" / group if self._v1 else _CGROUP_ROOT / group
+
+    def _set_frozen(self, sandbox_id: str, frozen: bool) -> None:
+        if self._v1:
+            (self._freezer_dir(sandbox_id) / "freezer.state").write_text("FROZEN" if frozen else "THAWED")
+        else:
+            (self._freezer_dir(sandbox_id) / "cgroup.freeze").write_text("1" if frozen else "0")
+
+    def _is_frozen(self, sandbox_id: str) -> bool:
+        if self._v1:
+            return (self._freezer_dir(sandbox_id) / "freezer.state").read_text().strip() == "FROZEN"
+        return "frozen 1" in (self._freezer_dir(sandbox_id) / "cgroup.events").read_text().splitlines()
+
+    def _freeze(self, sandbox_id: str, attempts: int = 5) -> None:
+        """Freeze every process of a running sandbox (the cgroup freezer; what ``lxc-freeze`` does,
+        without its 1 s polling and its endless wait). A freeze that does not settle - the v1
+        freezer stalls in FREEZING when it catches a task in ``vfork`` whose child it froze - is
+        thawed and tried again."""
+        for attempt in range(attempts):
+            self._set_frozen(sandbox_id, True)
+            deadline = time.monotonic() + 0.5 * (attempt + 1)
+            while time.monotonic() < deadline:
+                if self._is_frozen(sandbox_id):
+                    return
+                time.sleep(0.002)
+            self._set_frozen(sandbox_id, False)
+            time.sleep(0.02 * (attempt + 1))
+        raise BackendError(
+            f"the processes of {sandbox_id} did not freeze (tried {attempts} times)", step="snapshot"
+        )
+
+    def _snapshot_dir(self, name: str) -> Path:
+        return self.path / f"{SNAPSHOT_PREFIX}{name}"
+
+    @contextlib.contextmanager
+    def _snapshot_lock(self, *, exclusive: bool) -> Iterator[None]:
+        """Forks read a snapshot under a shared lock, a delete takes it exclusively."""
+        self.runtime_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.runtime_dir / "snapshots.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)
+
+    def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
+        """Copy the sandbox's overlay delta (frozen meanwhile, so files are consistent) into
+        ``snap-<name>/``; the runtime's record and network state are not part of it."""
+        cdir = self._dir(sandbox_id)
+        if not (cdir / RECORD_FILE).is_file():
+            raise SandboxNotFound(sandbox_id)
+        final = self._snapshot_dir(name)
+        if final.exists():
+            raise ConfigError(f"a snapshot named {name!r} exists already (delete it first)")
+        upper = self._rootfs_dirs(cdir)[1]
+        sweep_stale(self.path, _SNAP_TMP)
+        tmp = self.path / f"{_SNAP_TMP}{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            tmp.mkdir(mode=0o700)
+            frozen = self.state(sandbox_id) == "running"
+            if frozen:
+                self._freeze(sandbox_id)
+            try:
+                copy_tree(upper, tmp / "delta", step="snapshot")
+            finally:
+                if frozen:
+                    self._set_frozen(sandbox_id, False)
+            info = SnapshotInfo(
+                name=name,
+                source_id=sandbox_id,
+                created_at=time.time(),
+                backend=self.name,
+                size_bytes=tree_bytes(tmp / "delta"),
+            )
+            (tmp / SNAPSHOT_FILE).write_text(json.dumps(dataclasses.asdict(info), sort_keys=True))
+            try:
+                os.rename(tmp, final)  # atomic; refuses an existing (non-empty) snapshot dir
+            except OSError as exc:
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise ConfigError(f"a snapshot named {name!r} exists already (delete it first)") from exc
+                raise
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            where = exc.filename or self.path
+            raise BackendError(f"{exc.strerror or exc} ({where})", step="snapshot") from exc
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return info
+
+    def _read_snapshot(self, sdir: Path) -> SnapshotInfo | None:
+        try:
+            data = json.loads((sdir / SNAPSHOT_FILE).read_text())
+            known = {f.name for f in dataclasses.fields(SnapshotInfo)}
+            return SnapshotInfo(**{k: v for k, v in data.items() if k in known})
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None
+
+    def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        out: builtins.list[SnapshotInfo] = []
+        if self.path.is_dir():
+            for entry in sorted(self.path.glob(f"{SNAPSHOT_PREFIX}*")):
+                info = self._read_snapshot(entry)
+                if info is not None:
+                    out.append(info)
+        return out
+
+    def delete_snapshot(self, name: str) -> bool:
+        final = self._snapshot_dir(name)
+        sweep_stale(self.path, _SNAP_DEL)
+        trash = self.path / f"{_SNAP_DEL}{os.getpid()}-{secrets.token_hex(4)}"
+        with self._snapshot_lock(exclusive=True):  # waits for forks that are reading it
+            try:
+                os.rename(final, trash)
+            except FileNotFoundError:
+                return False
+        shutil.rmtree(trash, ignore_errors=True)
+        return True
+
+    def clone_from_snapshot(self, sandbox_id: str, spec: SandboxSpec, name: str) -> SandboxRecord:
+        sdir = self._snapshot_dir(name)
+        with self._snapshot_lock(exclusive=False):
+            if not (sdir / SNAPSHOT_FILE).is_file():
+                raise SnapshotNotFound(name)
+            return self.clone(sandbox_id, spec, delta=sdir / "delta")
+
+    def _fill_from_snapshot(self, cdir: Path, delta: Path) -> None:
+        """Copy a snapshot's delta into a fresh clone's upper dir; host keys of any type go (the
+        clone gets its own from ``_seed_rootfs``, which also replaces machine-id and names)."""
+        upper = self._rootfs_dirs(cdir)[1]
+        copy_tree(delta, upper, step="clone")
+        ssh_dir = upper / "etc" / "ssh"
+        if ssh_dir.is_dir() and not ssh_dir.is_symlink():
+            for key in ssh_dir.glob("ssh_host_*"):
+                if key.is_symlink() or not key.is_dir():
+                    key.unlink()

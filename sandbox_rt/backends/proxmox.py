@@ -27,6 +27,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import random
 import re
 import socket
 import time
@@ -41,9 +42,10 @@ from proxmoxer.core import ResourceException
 from proxmoxer.tools import Tasks
 
 from ..config import Settings
-from ..errors import BackendError, ConfigError, PermissionDenied, SandboxNotFound
+from ..errors import BackendError, ConfigError, PermissionDenied, SandboxNotFound, SnapshotNotFound
 from ..ipam import mac_for_ip
-from ..models import ResourceUsage, SandboxRecord, SandboxSpec
+from ..models import ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
+from ..validation import split_egress
 from .base import GcCandidate
 from .intents import CreateMarkers
 from .owner import owner_alive, process_start_time
@@ -54,6 +56,7 @@ TAG = "sandbox-rt"
 RECORD_PREFIX = "sandbox-rt-record: "
 HOSTKEY_PREFIX = "sandbox-rt-ssh-host-key: "
 RULE_COMMENT = "sandbox-rt internet"
+EGRESS_COMMENT = "sandbox-rt egress"
 T = TypeVar("T")
 _LOCKED = re.compile(r"is locked|got timeout|can't lock file", re.I)
 _EXISTS = re.compile(r"already exists", re.I)
@@ -84,7 +87,7 @@ class ProxmoxBackend:
         self.state_dir = settings.state_dir / "proxmox"
         self.intents = self.state_dir / "creating"
         self.markers = CreateMarkers(self.intents)
-        self.task_timeout_s = 300.0
+        self.task_timeout_s = settings.pve_task_timeout_s
         self._template_node: str | None = None
 
     # -- connection ------------------------------------------------------------------------------
@@ -121,46 +124,89 @@ class ProxmoxBackend:
 
     # -- API helpers -----------------------------------------------------------------------------
     def _call(self, step: str, fn: Callable[[], T]) -> T:
-        """One API call; PVE's errors become typed errors naming the step."""
-        try:
-            return fn()
-        except ResourceException as exc:
-            # proxmoxer: status_message is the generic HTTP phrase, content PVE's own message
-            message = str(exc.content or exc.status_message).strip()
-            if exc.errors:
-                message += f" {exc.errors}"
-            if exc.status_code == 403:
-                raise PermissionDenied(f"the API token lacks a privilege: {message}", step=step) from exc
-            raise BackendError(f"{exc.status_code} {message}", step=step) from exc
-        except OSError as exc:  # requests' connection errors are OSErrors
-            raise BackendError(
-                f"cannot reach the PVE API at {self.settings.pve_url}: {exc}", step=step
-            ) from exc
+        """One API call; PVE's errors become typed errors naming the step.
 
-    def _retrying(self, step: str, fn: Callable[[], T], *, attempts: int = 10) -> T:
-        """Retry ``fn`` while PVE says the CT is locked (another task holds it), with back-off."""
+        502/503/504 (the proxy did not pass the call on: pvedaemon restarting or overloaded) are
+        tried 3 times over ~0.75 s; other answers are final at once.
+        """
+        for attempt in range(3):
+            try:
+                return fn()
+            except ResourceException as exc:
+                # proxmoxer: status_message is the generic HTTP phrase, content PVE's own message
+                message = str(exc.content or exc.status_message).strip()
+                if exc.errors:
+                    message += f" {exc.errors}"
+                if exc.status_code == 403:
+                    raise PermissionDenied(f"the API token lacks a privilege: {message}", step=step) from exc
+                if exc.status_code not in (502, 503, 504):
+                    raise BackendError(f"{exc.status_code} {message}", step=step) from exc
+                if attempt == 2:
+                    raise BackendError(
+                        f"{exc.status_code} {message} (3 attempts): the PVE API at {self.settings.pve_url} "
+                        "is unavailable; check pveproxy and pvedaemon on the node, then retry",
+                        step=step,
+                    ) from exc
+            except OSError as exc:  # requests' connection errors are OSErrors
+                raise BackendError(
+                    f"cannot reach the PVE API at {self.settings.pve_url}: {exc}", step=step
+                ) from exc
+            time.sleep(0.25 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _retrying(
+        self, step: str, fn: Callable[[], T], *, attempts: int | None = None, vmid: int | None = None
+    ) -> T:
+        """Retry ``fn`` while PVE says the CT is locked (another task holds it), with jittered
+        back-off, for at most ``pve_task_timeout_s`` (and ``attempts`` tries, if given): the task
+        holding the lock is itself bounded by that time. ``vmid`` names the CT in the error."""
+        start = time.monotonic()
         delay = 0.05
-        for attempt in range(attempts):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 return self._call(step, fn)
             except BackendError as exc:
-                if (
-                    isinstance(exc, PermissionDenied)
-                    or not _LOCKED.search(str(exc))
-                    or attempt == attempts - 1
-                ):
+                if isinstance(exc, PermissionDenied) or not _LOCKED.search(str(exc)):
                     raise
-            time.sleep(delay)  # back-off while another task holds the lock
-            delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")
+                elapsed = time.monotonic() - start
+                if elapsed + delay > self.task_timeout_s or (attempts is not None and attempt >= attempts):
+                    ct = f"CT {vmid}" if vmid is not None else "the CT"
+                    raise BackendError(
+                        f"{str(exc).removeprefix(step + ': ')} - still locked after {attempt} attempts "
+                        f"in {elapsed:.1f} s (pve_task_timeout_s={self.task_timeout_s:g}): another PVE "
+                        f"task holds {ct}; let it finish (node's task list), or if none runs any more, "
+                        f"unlock it on the node: pct unlock {vmid if vmid is not None else '<vmid>'}",
+                        step=step,
+                    ) from exc
+            time.sleep(delay * random.uniform(0.5, 1.0))  # back-off while another task holds the lock
+            delay = min(delay * 2, 1.0)
 
     def _wait(self, upid: str, step: str) -> None:
+        """Wait for a task, at most ``pve_task_timeout_s``; then it is stopped (PVE's worker runs its
+        own cleanup, e.g. a stopped clone removes the new CT) and the step fails."""
         status = self._call(
             step,
             lambda: Tasks.blocking_status(self.api, upid, timeout=self.task_timeout_s, polling_interval=0.05),
         )
         if status is None:
-            raise BackendError(f"task {upid} did not finish in {self.task_timeout_s:g} s", step=step)
+            node = Tasks.decode_upid(upid)["node"]
+            with contextlib.suppress(BackendError):  # best effort; the error below says what to do
+                self._call(step, lambda: self.api.nodes(node).tasks(upid).delete())
+                self._call(
+                    step,
+                    lambda: Tasks.blocking_status(
+                        self.api, upid, timeout=min(self.task_timeout_s, 10.0), polling_interval=0.05
+                    ),
+                )
+            raise BackendError(
+                f"PVE task {upid} did not finish within pve_task_timeout_s={self.task_timeout_s:g} s "
+                f"and was stopped; see its log on node {node} (a hung storage or lock is the usual "
+                "cause), or raise pve_task_timeout_s if the node is only slow",
+                step=step,
+                detail=self._task_log(upid),
+            )
         exitstatus = str(status.get("exitstatus", ""))
         if exitstatus != "OK":
             raise BackendError(f"task failed: {exitstatus}", step=step, detail=self._task_log(upid))
@@ -183,10 +229,17 @@ class ProxmoxBackend:
         return [r for r in self._resources() if TAG in _tags(r.get("tags"))]
 
     def _find(self, sandbox_id: str) -> tuple[str, int]:
-        for r in self._resources():
-            if sandbox_id in _tags(r.get("tags")):
-                return str(r["node"]), int(r["vmid"])
-        raise SandboxNotFound(sandbox_id)
+        hits = [
+            (str(r["node"]), int(r["vmid"])) for r in self._resources() if sandbox_id in _tags(r.get("tags"))
+        ]
+        if not hits:
+            raise SandboxNotFound(sandbox_id)
+        if len(hits) > 1:  # a fork being made carries its source's tags until its config write
+            for where in hits:
+                with contextlib.suppress(BackendError):
+                    if self._is_ours(where, sandbox_id):  # the description names the CT's own id
+                        return where
+        return hits[0]
 
     def _template_location(self) -> str:
         if self.settings.pve_node:
@@ -243,7 +296,8 @@ class ProxmoxBackend:
         self.markers.write(sandbox_id, vmid=None)
 
     def end(self, sandbox_id: str) -> None:
-        self.markers.remove(sandbox_id)
+        if not (self.markers.read(sandbox_id) or {}).get("abandoned"):  # that one waits for gc
+            self.markers.remove(sandbox_id)
 
     def _record_line(self, record: SandboxRecord) -> str:
         data = dataclasses.asdict(record)
@@ -253,8 +307,20 @@ class ProxmoxBackend:
         return RECORD_PREFIX + json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def clone(self, sandbox_id: str, spec: SandboxSpec) -> SandboxRecord:
-        node = self._template_location()
-        template = self._ct(node, self.settings.pve_template_vmid)
+        return self._clone_from(sandbox_id, spec, None)
+
+    def _clone_from(
+        self, sandbox_id: str, spec: SandboxSpec, snapshot: tuple[str, int, str] | None
+    ) -> SandboxRecord:
+        """A linked clone of the template, or with ``snapshot`` (node, vmid, name) a full clone of
+        that CT's snapshot (PVE clones a CT that is not a template only in full)."""
+        self._check_egress(spec.egress)  # before anything is made
+        if snapshot is None:
+            node = self._template_location()
+            template = self._ct(node, self.settings.pve_template_vmid)
+        else:
+            node = snapshot[0]
+            template = self._ct(node, snapshot[1])
         hostname = spec.hostname or sandbox_id
         now = time.time()
         pid = 0 if spec.detached else os.getpid()
@@ -281,10 +347,14 @@ class ProxmoxBackend:
                         newid=v,
                         hostname=hostname,
                         pool=self.settings.pve_pool or None,
-                        full=_bool(False),
+                        full=_bool(snapshot is not None),
+                        snapname=snapshot[2] if snapshot else None,
                         description=self._record_line(draft),
                     ),
                 )
+                # the CT is invisible to the token until its clone task puts it in the pool:
+                # a gc after our death waits for this task before looking for the CT
+                self.markers.write(sandbox_id, vmid=vmid, upid=str(upid))
                 self._wait(str(upid), "clone")
                 break
             except BackendError as exc:
@@ -315,8 +385,10 @@ class ProxmoxBackend:
                 "nameserver": self.settings.dns_server,
             }
             ct = self._ct(node, vmid)
-            self._retrying("configure", lambda: ct.config.put(**config))
+            self._retrying("configure", lambda: ct.config.put(**config), vmid=vmid)
         self._resize(node, vmid, spec.disk_gb)
+        if snapshot is not None:
+            self._drop_cloned_rules(node, vmid)  # PVE copied the source's firewall with the disk
         self._setup_firewall(node, vmid, spec.internet)
         return record
 
@@ -328,7 +400,7 @@ class ProxmoxBackend:
             factor = {"": 1 / 1024**3, "K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}[m.group(2)]
             if float(m.group(1)) * factor >= disk_gb:
                 return  # linked clones can only grow; a template disk as large is enough
-        upid = self._retrying("resize", lambda: ct.resize.put(disk="rootfs", size=f"{disk_gb}G"))
+        upid = self._retrying("resize", lambda: ct.resize.put(disk="rootfs", size=f"{disk_gb}G"), vmid=vmid)
         if upid:
             self._wait(str(upid), "resize")
 
@@ -352,7 +424,7 @@ class ProxmoxBackend:
     def start(self, sandbox_id: str) -> SandboxRecord:
         node, vmid = self._find(sandbox_id)
         ct = self._ct(node, vmid)
-        upid = self._retrying("start", lambda: ct.status.start.post())
+        upid = self._retrying("start", lambda: ct.status.start.post(), vmid=vmid)
         self._wait(str(upid), "start")
         return self.get(sandbox_id)
 
@@ -390,21 +462,34 @@ class ProxmoxBackend:
             "description": description,
         }
         self._retrying("update", lambda: ct.config.put(**changes))
+        self._resize(node, vmid, spec.disk_gb)  # a warm CT handed out for a larger disk grows live
         return new
 
     def destroy(self, sandbox_id: str) -> bool:
+        """Remove the CT. If that fails, the create marker stays, flagged ``abandoned``: ``end``
+        keeps it, so ``gc`` finds the CT later even when it carries no tags yet."""
+        vmid: int | None = None
         try:
-            node, vmid = self._find(sandbox_id)
-        except SandboxNotFound:
-            vmid_hint = self._intent_vmid(sandbox_id)
-            if vmid_hint is None or not self._is_ours(vmid_hint, sandbox_id):
-                self.end(sandbox_id)
-                return False
-            node, vmid = vmid_hint
-        ct = self._ct(node, vmid)
-        upid = self._retrying("destroy", lambda: ct.delete(force=1, purge=1))
-        self._wait(str(upid), "destroy")
-        self.end(sandbox_id)
+            try:
+                node, vmid = self._find(sandbox_id)
+            except SandboxNotFound:
+                upid = (self.markers.read(sandbox_id) or {}).get("upid")
+                if upid:  # a clone task of ours may still run (its CT invisible until it ends)
+                    with contextlib.suppress(BackendError):  # it failed or hung: PVE removes the CT
+                        self._wait(str(upid), "destroy")
+                vmid_hint = self._intent_vmid(sandbox_id)
+                if vmid_hint is None or not self._is_ours(vmid_hint, sandbox_id):
+                    self.markers.remove(sandbox_id)
+                    return False
+                node, vmid = vmid_hint
+            ct = self._ct(node, vmid)
+            upid = self._retrying("destroy", lambda: ct.delete(force=1, purge=1), vmid=vmid)
+            self._wait(str(upid), "destroy")
+        except BackendError:
+            old = self.markers.read(sandbox_id) or {}
+            self.markers.write(sandbox_id, vmid=vmid or old.get("vmid"), abandoned=True)
+            raise
+        self.markers.remove(sandbox_id)
         return True
 
     def _intent_vmid(self, sandbox_id: str) -> tuple[str, int] | None:
@@ -451,15 +536,19 @@ class ProxmoxBackend:
         data.pop("owner_start_time", None)
         spec_data = data.pop("spec", {})
         known = {f.name for f in dataclasses.fields(SandboxSpec)}
-        spec = SandboxSpec(**{k: v for k, v in spec_data.items() if k in known})
+        spec_values = {k: v for k, v in spec_data.items() if k in known}
+        spec_values["egress"] = tuple(spec_values.get("egress") or ())
+        spec = SandboxSpec(**spec_values)
         data["host_key"] = self._host_key_of(description)
         return SandboxRecord(spec=spec, **data)
 
     def list(self) -> builtins.list[SandboxRecord]:
         out: builtins.list[SandboxRecord] = []
+        seen: set[str] = set()
         for r in self._ours():
             sid = next((t for t in _tags(r.get("tags")) if re.fullmatch(r"sbx-[0-9a-f]{10}", t)), None)
-            if sid:
+            if sid and sid not in seen:  # a fork being made carries its source's id for a moment
+                seen.add(sid)
                 with contextlib.suppress(SandboxNotFound, BackendError):
                     out.append(self.get(sid))
         return out
@@ -480,8 +569,11 @@ class ProxmoxBackend:
 
     def usage(self, sandbox_id: str) -> ResourceUsage:
         cur = self._current(sandbox_id)
-        mem = cur.get("mem")
-        return ResourceUsage(memory_bytes=int(mem) if mem is not None else None)
+        mem, disk = cur.get("mem"), cur.get("disk")
+        return ResourceUsage(
+            memory_bytes=int(mem) if mem is not None else None,
+            disk_bytes=int(disk) if disk is not None else None,
+        )
 
     # -- network ---------------------------------------------------------------------------------
     def _internet_rules(self, record: SandboxRecord) -> tuple[Any, builtins.list[dict[str, Any]]]:
@@ -502,9 +594,55 @@ class ProxmoxBackend:
         _fw, rules = self._internet_rules(record)
         return bool(rules) and all(int(r.get("enable", 0)) == 1 for r in rules)
 
+    @staticmethod
+    def _check_egress(egress: tuple[str, ...]) -> None:
+        names = split_egress(egress)[1]
+        if names:
+            raise ConfigError(
+                f"egress by domain name ({', '.join(names)}) needs the host's dnsmasq (lxc backend); "
+                "the PVE firewall matches addresses only: give IPv4 addresses or networks"
+            )
+
+    def set_egress(self, record: SandboxRecord, egress: tuple[str, ...]) -> None:
+        """One enabled OUT ACCEPT rule per address/network (HTTP/HTTPS ports) in the CT's firewall."""
+        self._check_egress(egress)
+        node, vmid = self._find(record.id)
+        fw = self._ct(node, vmid).firewall
+        rules = self._call("egress", lambda: fw.rules.get())
+        # delete from the highest position down, so the positions of the rest stay valid
+        for rule in sorted(rules, key=lambda r: -int(r["pos"])):
+            if rule.get("comment") == EGRESS_COMMENT:
+                pos = int(rule["pos"])
+                self._call("egress", lambda p=pos: fw.rules(p).delete())  # type: ignore[misc]
+        for dest in egress:
+            self._call(
+                "egress",
+                lambda d=dest: fw.rules.post(  # type: ignore[misc]
+                    type="out",
+                    action="ACCEPT",
+                    enable=1,
+                    proto="tcp",
+                    dport="80,443",
+                    dest=d,
+                    comment=EGRESS_COMMENT,
+                ),
+            )
+        stored = self.get(record.id)
+        new = dataclasses.replace(stored, spec=dataclasses.replace(stored.spec, egress=egress))
+        description = self._record_line(new)
+        conf = self._call("egress", lambda: self._ct(node, vmid).config.get())
+        key = self._host_key_of(str(conf.get("description", "")))
+        if key:
+            description += "\n" + HOSTKEY_PREFIX + key
+        self._call("egress", lambda: self._ct(node, vmid).config.put(description=description))
+
     # -- garbage collection ----------------------------------------------------------------------
     def gc_candidates(self, *, now: float, dead_owners: bool) -> builtins.list[GcCandidate]:
         live, found = self.markers.sweep()
+        for sid in builtins.list(live):  # a create that returned, but whose cleanup failed
+            if (self.markers.read(sid) or {}).get("abandoned"):
+                live.discard(sid)
+                found[sid] = "removal failed earlier"
         for r in self._ours():
             tags = _tags(r.get("tags"))
             tag_id = next((t for t in tags if re.fullmatch(r"sbx-[0-9a-f]{10}", t)), None)
@@ -526,3 +664,89 @@ class ProxmoxBackend:
                     ):
                         found[sid] = "owner process died"
         return [GcCandidate(sid, reason) for sid, reason in sorted(found.items())]
+
+    # -- snapshots -------------------------------------------------------------------------------
+    # A snapshot is a PVE snapshot of the sandbox's CT (``POST .../snapshot``, VM.Snapshot): it
+    # belongs to that CT and goes when the CT is destroyed (destroy, TTL, gc). A fork is a full
+    # clone of it (``POST .../clone`` with ``snapname``), independent of the source and the snapshot.
+    @contextlib.contextmanager
+    def _snapshot_lock(self) -> Iterator[None]:
+        """Snapshot names are unique across the sandboxes: one naming at a time from this host."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.state_dir / "snapshots.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _snapshots(self) -> Iterator[tuple[str, int, str, dict[str, Any]]]:
+        """(node, vmid, sandbox id, PVE's snapshot entry) of every snapshot of our CTs."""
+        seen: set[int] = set()
+        for r in self._ours():
+            sid = next((t for t in _tags(r.get("tags")) if re.fullmatch(r"sbx-[0-9a-f]{10}", t)), None)
+            node, vmid = str(r["node"]), int(r["vmid"])
+            if sid is None or vmid in seen:
+                continue
+            seen.add(vmid)
+            try:
+                entries = self._call("snapshot", lambda n=node, v=vmid: self._ct(n, v).snapshot.get())  # type: ignore[misc]
+            except PermissionDenied:
+                raise
+            except BackendError:
+                continue  # destroyed while we list
+            for entry in entries:
+                if entry.get("name") and entry["name"] != "current":  # "current" is the CT itself
+                    yield node, vmid, sid, entry
+
+    def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        return sorted(
+            (
+                SnapshotInfo(str(e["name"]), sid, float(e.get("snaptime") or 0), self.name)
+                for _node, _vmid, sid, e in self._snapshots()
+            ),
+            key=lambda info: info.name,
+        )
+
+    def _find_snapshot(self, name: str) -> tuple[str, int, str]:
+        for node, vmid, sid, entry in self._snapshots():
+            if entry["name"] == name:
+                return node, vmid, sid
+        raise SnapshotNotFound(name)
+
+    def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
+        node, vmid = self._find(sandbox_id)
+        with self._snapshot_lock():
+            if any(e["name"] == name for *_where, e in self._snapshots()):
+                raise ConfigError(f"a snapshot named {name!r} exists already (delete it first)")
+            ct = self._ct(node, vmid)
+            upid = self._retrying(
+                "snapshot",
+                lambda: ct.snapshot.post(snapname=name, description=f"sandbox-rt snapshot of {sandbox_id}"),
+            )
+            self._wait(str(upid), "snapshot")
+        return SnapshotInfo(name=name, source_id=sandbox_id, created_at=time.time(), backend=self.name)
+
+    def delete_snapshot(self, name: str) -> bool:
+        try:
+            node, vmid, _sid = self._find_snapshot(name)
+        except SnapshotNotFound:
+            return False
+        ct = self._ct(node, vmid)
+        upid = self._retrying("snapshot", lambda: ct.snapshot(name).delete())
+        self._wait(str(upid), "snapshot")
+        return True
+
+    def clone_from_snapshot(self, sandbox_id: str, spec: SandboxSpec, name: str) -> SandboxRecord:
+        node, vmid, _sid = self._find_snapshot(name)  # SnapshotNotFound before anything is made
+        return self._clone_from(sandbox_id, spec, (node, vmid, name))
+
+    def _drop_cloned_rules(self, node: str, vmid: int) -> None:
+        """Remove the runtime's own firewall rules a full clone copied from its source (internet,
+        egress); ``_setup_firewall`` then adds this sandbox's. Rules of the template stay."""
+        fw = self._ct(node, vmid).firewall
+        rules = self._call("firewall", lambda: fw.rules.get())
+        for rule in sorted(rules, key=lambda r: -int(r["pos"])):  # highest first: positions stay valid
+            if str(rule.get("comment", "")).startswith(TAG + " "):
+                pos = int(rule["pos"])
+                self._call("firewall", lambda p=pos: fw.rules(p).delete())  # type: ignore[misc]

@@ -758,8 +758,12 @@ def check_cpu_quota(t: Target, cpus: float, seconds: float = 3.0) -> float:
 def check_disk_bounded(t: Target, disk_gb: int) -> None:
     c = "SBX-RES-05"
     fill = "/home/sandbox/.fill"
+    r = run_user(t, f"fallocate -l {disk_gb * 512}M {fill}; rc=$?; rm -f {fill}; exit $rc", timeout=60)
+    require(c, r.exit_code == 0, f"could not even write half of disk_gb={disk_gb} GiB: {r.stderr_text!r}")
     r = run_user(t, f"fallocate -l {disk_gb * 1024 + 100}M {fill}; rc=$?; rm -f {fill}; exit $rc", timeout=60)
     require(c, r.exit_code != 0, f"wrote more than disk_gb={disk_gb} GiB")
+    why = r.stderr_text.lower()
+    require(c, "quota" in why or "space" in why, f"failed for another reason: {r.stderr_text!r}")
 
 
 # -- functional resource attacks (SBX-RES-01/02) --------------------------------------------------

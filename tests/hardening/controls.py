@@ -207,6 +207,16 @@ CONTROLS: tuple[Control, ...] = (
        "internet (the host must not forward it)",
        (), "roles/template_build/defaults/main.yml (template_build_cap_drop: net_raw)",
        _LXC_BACKEND + " (per-port address binding)"),
+    _c("SBX-NET-16", "egress allow-list reaches only what it lists",
+       "with internet off and egress=[name, address], the sandbox reaches the name's address (resolved by "
+       "the host's dnsmasq into its own set) and the address on allowed ports, nothing else; another "
+       "sandbox gains nothing; only the host resolver answers; set_egress([]) closes it",
+       (), _NFT + " (egress_sources, dns_clients)", "sandbox_rt/netstate.py",
+       "roles/sandbox_network/templates/dnsmasq.conf.j2 (conf-dir, cache-size=0)"),
+    _c("SBX-NET-17", "a firewall reload or DNS restart keeps every sandbox's state",
+       "reloading the nft file and restarting the sandbox dnsmasq while sandboxes run restores internet and "
+       "egress from the runtime's state files; the sandbox without internet stays cut off and isolated",
+       (), _NFT + " (include net_state_dir/*.nft)", "sandbox_rt/netstate.py"),
     # -- resources --------------------------------------------------------------------------------
     _c("SBX-RES-01", "fork bombs stay inside the pids limit",
        "pids.max as requested; a bounded fork bomb hits it, the sandbox survives, the host still forks",
@@ -221,8 +231,9 @@ CONTROLS: tuple[Control, ...] = (
        "two busy loops in a cpus=0.5 sandbox get <= ~0.6 CPU-seconds per second",
        (), _LXC_BACKEND + " (cgroup_limit_lines)"),
     _c("SBX-RES-05", "disk fill stops at the disk size",
-       "writing past disk_gb fails (waived on LXC overlay storage: the test shows the gap instead)",
-       (), _LXC_BACKEND + " (clone: lxc-copy -B overlayfs)"),
+       "half of disk_gb can be written, more than disk_gb fails with EDQUOT/ENOSPC "
+       "(waived with lxc_host_storage dir: the test shows the gap instead)",
+       (), _LXC_BACKEND + " (btrfs subvolume + qgroup limit)", "roles/lxc_host/tasks/storage.yml"),
     # -- escape -----------------------------------------------------------------------------------
     _c("SBX-ESC-01", "unprivileged container",
        "idmap 0 -> 100000 (65536) in the config; PID 1 runs as host uid 100000",
@@ -283,6 +294,10 @@ CONTROLS: tuple[Control, ...] = (
     _c("SBX-LIFE-04", "SFTP upload and download",
        "a file and a directory round-trip byte for byte",
        ("7.op.sftp",), "sandbox_rt/sandbox.py", "sandbox_rt/ssh.py"),
+    _c("SBX-LIFE-05", "destroy forgets the network state",
+       "the sandbox's state files, dnsmasq nftset lines, egress chain and sets, and its elements in the "
+       "internet set, egress map and DNS clients set are gone",
+       (), "sandbox_rt/netstate.py (remove)", _LXC_BACKEND + " (destroy)"),
 )
 
 # fmt: on

@@ -51,7 +51,7 @@ def scratch(settings: Settings) -> Iterator[Settings]:
     path.chmod(0o755)
     shutil.copy(settings.lxc_path / settings.template / "config", path / settings.template / "config")
     scratch = dataclasses.replace(
-        settings, lxc_path=path, ip_pool_start="10.99.251.0", ip_pool_end="10.99.251.254"
+        settings, lxc_path=path, ip_pool_start="10.99.251.0", ip_pool_end="10.99.251.254", disk_limits=False
     )
     try:
         yield scratch
@@ -68,6 +68,7 @@ def _env(s: Settings) -> dict[str, str]:
         SANDBOX_RT_LXC_PATH=str(s.lxc_path),
         SANDBOX_RT_IP_POOL_START=s.ip_pool_start,
         SANDBOX_RT_IP_POOL_END=s.ip_pool_end,
+        SANDBOX_RT_DISK_LIMITS="false",  # the scratch path is a plain directory (not the btrfs storage)
         PYTHONPATH=str(checks.REPO),
     )
 

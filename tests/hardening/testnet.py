@@ -5,6 +5,7 @@
                                            lo   169.254.169.254   HTTP :80 (a cloud metadata service)
                                            lo   198.51.100.53     DNS :53 (some public resolver)
                                            lo   198.18.0.80       HTTP :80 :443 (example.test)
+                                           lo   198.18.0.81       HTTP :80 (other.test)
     hlan0 192.168.77.1/24 <--- veth --->   netns "hardening-lan": eth0 192.168.77.2/24, TCP :22 :80 :443
 
 The network role is re-applied with ``sandbox_network_uplink=hwan0`` and the wan resolver as the
@@ -57,6 +58,9 @@ class SimNet:
     # What example.test resolves to. Not a TEST-NET address: dnsmasq's stop-dns-rebind (on in the
     # host's dnsmasq) drops answers in RFC 1918, link-local and TEST-NET ranges. RFC 2544 space is fine.
     public_web_ip: str = "198.18.0.80"
+    # A second public site (other.test), for egress allow-lists that name only the first.
+    other_web_ip: str = "198.18.0.81"
+    other_dns_name: str = "other.test"
     host_lan_ip: str = "192.168.77.1"
     lan_ip: str = "192.168.77.2"
     # TCP ports listening in the wan: the allowed ones (role default 80, 443) and two that are not.
@@ -152,7 +156,7 @@ def simulated_network(net: SimNet) -> Iterator[SimNet]:
         _veth_into_netns(net.lan_if, net.lan_ns, f"{net.host_lan_ip}/24", f"{net.lan_ip}/24")
         # LAN hosts answer whoever reaches them (worst case: their router knows the way back)
         sh("ip", "-n", net.lan_ns, "route", "add", "default", "via", net.host_lan_ip)
-        for extra in (net.metadata_ip, net.public_resolver_ip, net.public_web_ip):
+        for extra in (net.metadata_ip, net.public_resolver_ip, net.public_web_ip, net.other_web_ip):
             sh("ip", "-n", net.wan_ns, "addr", "add", f"{extra}/32", "dev", "lo")
         # Sandbox packets for anything but the connected subnets go into the wan, never elsewhere.
         sh("ip", "route", "add", "default", "via", net.wan_ip, "dev", net.wan_if, "table", ROUTE_TABLE)
@@ -175,6 +179,7 @@ def simulated_network(net: SimNet) -> Iterator[SimNet]:
             f"{net.metadata_ip}:80",
             f"{net.public_web_ip}:80",
             f"{net.public_web_ip}:443",
+            f"{net.other_web_ip}:80",
         ]
         lan_listen = [f"{net.lan_ip}:{p}" for p in net.lan_tcp_ports]
         procs.append(_start(net.wan_ns, sys.executable, str(SERVER), *wan_listen))
@@ -191,6 +196,7 @@ def simulated_network(net: SimNet) -> Iterator[SimNet]:
                 f"--listen-address={net.wan_ip}",
                 f"--listen-address={net.public_resolver_ip}",
                 f"--address=/{net.dns_name}/{net.public_web_ip}",
+                f"--address=/{net.other_dns_name}/{net.other_web_ip}",
                 "--pid-file",
                 "--user=root",
             )
@@ -200,7 +206,7 @@ def simulated_network(net: SimNet) -> Iterator[SimNet]:
             wait_for(lambda p=port: tcp_open(net.wan_ip, p), 15, f"wan :{port}")
         for port in net.lan_tcp_ports:
             wait_for(lambda p=port: tcp_open(net.lan_ip, p), 15, f"lan :{port}")
-        for addr in (net.metadata_ip, net.public_web_ip):
+        for addr in (net.metadata_ip, net.public_web_ip, net.other_web_ip):
             wait_for(lambda a=addr: net.netns_tcp_open(net.wan_ns, a, 80), 15, f"{addr}:80")
         wait_for(lambda: dns_query(net.wan_ip, net.dns_name) == net.public_web_ip, 15, "wan dnsmasq")
         for proc in procs:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import paramiko
 
+from sandbox_rt.ipam import mac_for_ip
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 INVENTORY = REPO / "inventories" / "local"
@@ -176,6 +178,21 @@ class Clone:
         return stdout.channel.recv_exit_status(), out, err
 
 
+def _diagnose(clone: Clone) -> str:
+    """What the host and the clone see, for a clone whose sshd never answered."""
+    probes = [
+        ["lxc-info", "-P", str(clone.lxc_path), "-n", clone.name],
+        ["ip", "neigh", "show", clone.address],
+        ["ip", "-br", "link", "show", clone.port],
+        ["lxc-attach", "-P", str(clone.lxc_path), "-n", clone.name, "--", "sh", "-c", "ip -br addr; ps -e"],
+    ]
+    out = []
+    for argv in probes:
+        proc = sh(*argv, check=False, timeout=10)
+        out.append(f"$ {shlex.join(argv)}\n{proc.stdout}{proc.stderr}")
+    return "\n".join(out)
+
+
 @contextlib.contextmanager
 def template_clone(
     settings: dict[str, object], address: str | None = None, static: bool = True
@@ -209,6 +226,8 @@ def template_clone(
             lines += [
                 f"lxc.net.0.ipv4.address = {address}/{prefix}",
                 f"lxc.net.0.ipv4.gateway = {settings['gateway']}",
+                # the runtime's MAC for this address: a reused address never meets a stale ARP entry
+                f"lxc.net.0.hwaddr = {mac_for_ip(str(address))}",
             ]
         with open(lxc_path / name / "config", "a") as config:
             config.write("\n".join(lines) + "\n")
@@ -226,7 +245,10 @@ def template_clone(
             f"echo '127.0.1.1 {name}' >> /etc/hosts",
         )
         if static:
-            wait_for(lambda: tcp_open(clone.address, 22), 15, f"sshd on {clone.address}:22")
+            try:
+                wait_for(lambda: tcp_open(clone.address, 22), 15, f"sshd on {clone.address}:22")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{_diagnose(clone)}") from None
         yield clone
     finally:
         sh("lxc-stop", "-P", str(lxc_path), "-n", name, "-k", check=False)

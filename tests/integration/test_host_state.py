@@ -32,8 +32,13 @@ CONTRACT_KEYS = {
     "nft_family",
     "nft_table",
     "nft_internet_set",
+    "net_state_dir",
+    "dnsmasq_conf_dir",
+    "dnsmasq_conf",
+    "dnsmasq_pidfile",
     "idmap_base",
     "idmap_size",
+    "disk_limits",
 }
 
 
@@ -59,6 +64,18 @@ def test_host_json_has_exactly_the_contract_keys(host, settings) -> None:  # typ
     assert set(data) == CONTRACT_KEYS
     assert data["backend"] == "lxc" and data["idmap_base"] == 100000 and data["idmap_size"] == 65536
     assert isinstance(data["idmap_base"], int)
+    assert data["disk_limits"] is True  # lxc_host_storage: btrfs_loop, the default
+
+
+def test_lxc_path_is_btrfs_with_quotas_from_fstab(host, settings) -> None:  # type: ignore[no-untyped-def]
+    lxc_path = str(settings["lxc_path"])
+    mount = host.mount_point(lxc_path)
+    assert mount.exists and mount.filesystem == "btrfs"
+    assert host.run(f"btrfs qgroup show {lxc_path}").rc == 0  # quotas are on
+    fstab = [line.split() for line in host.file("/etc/fstab").content_string.splitlines()]
+    assert any(f[1:3] == [lxc_path, "btrfs"] and "loop" in f[3] for f in fstab if len(f) >= 4)
+    image = host.file("/var/lib/sandbox_rt/lxc-storage.btrfs")
+    assert image.mode == 0o600 and image.user == "root"
 
 
 def test_runtime_key_is_private(host, settings) -> None:  # type: ignore[no-untyped-def]
@@ -200,3 +217,28 @@ def test_template_config_is_complete_and_confined(host, settings) -> None:  # ty
     assert not any(line.startswith("lxc.net.0.ipv4") for line in lines), "the template has no address"
     dropped = " ".join(line.split("=", 1)[1] for line in lines if line.startswith("lxc.cap.drop")).split()
     assert {"sys_admin", "sys_module", "sys_rawio", "sys_ptrace", "mac_admin", "net_admin"} <= set(dropped)
+
+
+def test_bridge_keeps_carrier_through_a_stub_port_alone_in_its_netns(host, settings) -> None:  # type: ignore[no-untyped-def]
+    bridge = str(settings["bridge"])
+    link = json.loads(host.check_output(f"ip -j -d link show dev {bridge}"))[0]
+    assert "LOWER_UP" in link["flags"], link["flags"]  # carrier, with or without sandboxes
+    stub = json.loads(host.check_output(f"ip -j -d link show dev {bridge}-stub"))[0]
+    assert stub["master"] == bridge and stub["linkinfo"]["info_kind"] == "veth"
+    assert not json.loads(host.check_output(f"ip -j addr show dev {bridge}-stub"))[0]["addr_info"]
+    netns = f"sandbox_rt-carrier-{bridge}"
+    inside = json.loads(host.check_output(f"ip -n {netns} -j addr show"))
+    assert sorted(i["ifname"] for i in inside) == ["lo", "stub0"]
+    assert all(not i["addr_info"] for i in inside), inside  # no address at all (lo down, IPv6 off)
+    assert host.run(f"ip netns exec {netns} sysctl -n net.ipv6.conf.all.disable_ipv6").stdout.strip() == "1"
+
+
+def test_template_pam_session_has_limits_but_no_motd_scripts(host, rootfs) -> None:  # type: ignore[no-untyped-def]
+    stack = [
+        line.split()
+        for line in host.file(f"{rootfs}/etc/pam.d/sshd").content_string.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    modules = [words[2] for words in stack if len(words) >= 3 and words[0] == "session"]
+    assert "pam_limits.so" in modules
+    assert not {"pam_motd.so", "pam_mail.so"} & set(modules), modules

@@ -167,6 +167,29 @@ def test_lifecycle_over_http(http: requests.Session, base_url: str, new_sandbox:
     assert sid not in [s["id"] for s in r.json()["sandboxes"]]
 
 
+def test_egress_over_http(http: requests.Session, base_url: str, manager: sandbox_rt.Manager) -> None:
+    body = {"memory_mb": 256, "labels": LABEL, "egress": ["Example.org", "192.0.2.0/24"]}
+    r = http.post(f"{base_url}/v1/sandboxes", json=body, timeout=120)
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    try:
+        assert r.json()["egress"] == ["example.org", "192.0.2.0/24"]  # normalised
+        url = f"{base_url}/v1/sandboxes/{sid}/egress"
+        r = http.put(url, json={"egress": ["198.51.100.0/24"]}, timeout=60)
+        assert r.status_code == 200 and r.json() == {"id": sid, "egress": ["198.51.100.0/24"]}
+        assert manager.get(sid).spec.egress == ("198.51.100.0/24",)
+        for bad in ({"egress": ["2001:db8::1"]}, {"egress": "example.org"}, {}, {"egress": [1]}):
+            r = http.put(url, json=bad, timeout=30)
+            assert r.status_code == 400, (bad, r.text)
+        assert manager.get(sid).spec.egress == ("198.51.100.0/24",)  # a bad request changed nothing
+        r = http.put(url, json={"egress": []}, timeout=60)
+        assert r.status_code == 200 and r.json()["egress"] == []
+    finally:
+        manager.destroy(sid)
+    r = http.post(f"{base_url}/v1/sandboxes", json={**body, "egress": ["10.0.0.1/8"]}, timeout=60)
+    assert r.status_code == 400 and "host bits" in r.text
+
+
 def test_timeout_kills_and_returns_the_output_so_far(
     http: requests.Session, base_url: str, new_sandbox: dict[str, Any]
 ) -> None:

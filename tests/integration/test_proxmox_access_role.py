@@ -44,6 +44,7 @@ PRIVILEGES = {
     "VM.Config.Network",
     "VM.Config.Options",
     "VM.Config.Disk",
+    "VM.Snapshot",
     "Datastore.AllocateSpace",
     "SDN.Use",
 }

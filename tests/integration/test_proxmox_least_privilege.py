@@ -3,7 +3,8 @@
 For every privilege in ``proxmox_access_privileges`` (the role's defaults), a token whose role lacks
 just that one privilege - set up exactly as the role sets up the runtime's token (privilege-separated,
 ACLs for user and token on the pool, the storage and the bridge) - cannot run the runtime's Proxmox
-lifecycle (clone, configure, resize, firewall, start, internet on, destroy): the backend raises
+lifecycle (clone, configure, resize, firewall, start, internet on, snapshot, fork, delete the
+snapshot, destroy): the backend raises
 ``PermissionDenied`` naming the privilege, or, without ``VM.Audit``, cannot even see the template. The
 same set-up with the full role runs the lifecycle to the end. The memory engine suffices: these are
 API calls; nothing waits for SSH, so the backend's steps are called directly.
@@ -119,6 +120,8 @@ def _lifecycle(env: Env, tokenid: str, secret: str) -> list[str]:
     backend = ProxmoxBackend(settings)
     before = _cts(env)
     sandbox_id = "sbx-" + secrets.token_hex(5)
+    fork_id = "sbx-" + secrets.token_hex(5)
+    snapname = "lp_" + secrets.token_hex(4)
     # disk_gb above the template's 4 GiB rootfs, so the resize (VM.Config.Disk) really happens
     spec = make_spec(cpus=1, memory_mb=512, disk_gb=6, internet=False)
     done: list[str] = []
@@ -131,10 +134,21 @@ def _lifecycle(env: Env, tokenid: str, secret: str) -> list[str]:
         backend.set_internet(record, True)
         assert backend.internet_enabled(record)
         done.append("internet")
+        backend.snapshot(sandbox_id, snapname)
+        done.append("snapshot")
+        backend.begin(fork_id)
+        fork = backend.clone_from_snapshot(fork_id, spec, snapname)  # full clone of the snapshot
+        assert fork.id == fork_id and fork.ip != record.ip
+        done.append("fork")
+        assert backend.delete_snapshot(snapname)
+        assert backend.list_snapshots() == []
+        done.append("delete-snapshot")
+        assert backend.destroy(fork_id)
         assert backend.destroy(sandbox_id)
         done.append("destroy")
     finally:
         backend.end(sandbox_id)
+        backend.end(fork_id)
         for vmid in _cts(env) - before:
             with contextlib.suppress(Exception):
                 _wait(env.root, env.root.nodes(NODE).lxc(vmid).delete(force=1, purge=1))
@@ -155,6 +169,7 @@ FIRST_NEEDED_AT = {
     "VM.Config.Options": "configure",  # tags, description
     "VM.Config.Disk": "resize",
     "VM.PowerMgmt": "start",
+    "VM.Snapshot": "snapshot",  # POST .../snapshot (the fork needs no more than the clone did)
 }
 
 
@@ -164,7 +179,15 @@ def test_every_role_privilege_is_accounted_for() -> None:
 
 
 def test_the_full_role_runs_the_lifecycle(env: Env) -> None:
-    assert _lifecycle(env, *_token_with(env, PRIVILEGES)) == ["clone", "start", "internet", "destroy"]
+    assert _lifecycle(env, *_token_with(env, PRIVILEGES)) == [
+        "clone",
+        "start",
+        "internet",
+        "snapshot",
+        "fork",
+        "delete-snapshot",
+        "destroy",
+    ]
 
 
 def test_the_runtime_suite_grants_no_other_privilege() -> None:

@@ -83,3 +83,13 @@ def test_bad_variable_fails_validation_before_any_change(extra_var: str, variabl
     assert "TASK [lxc_host : Validating arguments" not in run.output, run.tail()
     after = {path: path.stat().st_mtime_ns for path in _WATCHED if path.exists()}
     assert after == before, "a managed file was touched"
+
+
+def test_storage_larger_than_the_free_space_is_refused_before_anything(tmp_path: Path) -> None:
+    ensure_provisioned()
+    image = Path("/var/lib/sandbox_rt") / f"test-{tmp_path.name}.btrfs"
+    run = run_playbook("-e", f"lxc_host_storage_image={image}", "-e", "lxc_host_storage_size_gb=1000000")
+    assert run.returncode != 0, run.tail()
+    assert "needs 1000000 GiB but only" in run.output, run.tail()
+    assert run.total("changed") == 0, run.recap
+    assert not image.exists()

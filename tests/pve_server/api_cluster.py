@@ -57,7 +57,7 @@ def version(call: Call) -> dict[str, Any]:
 
 def _next_free(call: Call) -> int:
     used = {int(k) for k in call.state.cts}
-    vmid = 100
+    vmid = call.core.first_vmid
     while vmid in used:
         vmid += 1
     return vmid

@@ -314,9 +314,13 @@ def destroy_vm(call: Call) -> str:
 @route("GET", "/nodes/{node}/lxc/{vmid}/config")
 def vm_config(call: Call) -> dict[str, Any]:
     with call.state.lock:
-        conf = load_ct(call, call.params["vmid"])["config"]
+        ct = load_ct(call, call.params["vmid"])
+        conf = ct["config"]
         if call.params.get("snapshot"):
-            raise fail(f"snapshot '{call.params['snapshot']}' does not exist")
+            snap = (ct.get("snapshots") or {}).get(call.params["snapshot"])
+            if snap is None:
+                raise fail(f"snapshot '{call.params['snapshot']}' does not exist")
+            conf = snap["config"]
         return api_config(conf)
 
 
@@ -383,6 +387,8 @@ def vm_status(call: Call) -> dict[str, Any]:
         ct = load_ct(call, vmid)
         entry = _ct_list_entry(call, vmid, ct)
     entry["ha"] = {"managed": 0}
+    if entry["status"] == "running":  # PVE: df of the running CT's root; 0 when stopped
+        entry["disk"] = call.engine.disk_used(vmid)
     return entry
 
 
@@ -486,8 +492,8 @@ def clone_vm(call: Call) -> str:
             raise fail(f"no such cluster node '{target}'")
         if storage and storage not in st.storages:
             raise fail(f"storage '{storage}' does not exist")
-        src = load_ct(call, vmid)["config"]
-        check_lock(src)  # set_lock($vmid, 'disk')
+        live = src = load_ct(call, vmid)["config"]
+        check_lock(live)  # set_lock($vmid, 'disk')
         existing = st.ct(newid)
         if existing is not None:
             raise fail(f"CT {newid} already exists on node '{existing['node']}'")
@@ -496,8 +502,12 @@ def clone_vm(call: Call) -> str:
             full = not src.get("template")
         if storage and not full:
             raise fail("parameter 'storage' not allowed for linked clones")
-        if p.get("snapname"):
-            raise fail(f"snapshot '{p['snapname']}' does not exist")
+        snapname = p.get("snapname")
+        if snapname:  # clone what the snapshot holds (api_snapshot), not the CT as it is now
+            snap = (load_ct(call, vmid).get("snapshots") or {}).get(snapname)
+            if snap is None:
+                raise fail(f"snapshot '{snapname}' does not exist")
+            src = snap["config"]
         newconf: dict[str, Any] = {}
         for opt, value in sorted(src.items()):
             if opt.startswith("unused") or opt in ("lock", "template", "parent", "snaptime", "snapstate"):
@@ -505,7 +515,7 @@ def clone_vm(call: Call) -> str:
             if opt == "rootfs" or _DISK_RE.match(opt):
                 sid = parse_kv(str(value), "volume").get("volume", "").split(":")[0]
                 call.acl.check(who, f"/storage/{storage or sid}", ["Datastore.AllocateSpace"])
-                if full and call.engine.is_running(vmid):
+                if full and not snapname and call.engine.is_running(vmid):
                     raise fail("Full clone of a running container is only possible from a snapshot")
                 newconf[opt] = value
             elif _NET_RE.match(opt):
@@ -523,7 +533,7 @@ def clone_vm(call: Call) -> str:
         if desc:
             newconf["description"] = desc
         newconf["lock"] = "create"
-        src["lock"] = "disk"
+        live["lock"] = "disk"
         st.cts[str(newid)] = {"vmid": newid, "node": call.node, "config": newconf, "ctime": int(time.time())}
         fw = st.firewall
         if str(vmid) in fw:
@@ -539,7 +549,10 @@ def clone_vm(call: Call) -> str:
     def body(ctx: TaskContext) -> None:
         ctx.log(f"creating a clone of container {vmid} with ID {newid}")
         try:
-            call.engine.clone(vmid, newid, engine_conf)
+            if snapname:
+                call.engine.clone_snapshot(vmid, snapname, newid, engine_conf)
+            else:
+                call.engine.clone(vmid, newid, engine_conf)
             ctx.fault_point()
             with call.mutate() as st2:
                 ct = st2.ct(newid)
@@ -555,6 +568,16 @@ def clone_vm(call: Call) -> str:
                     st2.pools[pool]["vms"].append(newid)
         except Exception as exc:
             unlock(vmid, "disk")
+            if ctx.leave_partial is not None:
+                # task_half_fail fault: the clone failed late (PVE: in post_clone_hook, after
+                # add_vm_to_pool) and PVE's cleanup failed as well: the new CT stays, in the pool
+                with call.mutate() as st2:
+                    if pool and pool in st2.pools and newid not in st2.pools[pool]["vms"]:
+                        st2.pools[pool]["vms"].append(newid)
+                ctx.log(f"Failed to remove target CT config - cannot remove CT {newid} (injected fault)")
+                if not ctx.leave_partial:
+                    unlock(newid, "create")
+                raise TaskError(f"clone failed: {exc}") from None
             try:
                 _drop_ct(call, newid)
             except Exception as cleanup:  # keep the original error, log the cleanup one

@@ -83,3 +83,19 @@ def read_task_log(call: Call) -> list[dict[str, Any]]:
     start, limit = int(call.params.get("start", 0)), int(call.params.get("limit", 50))
     call.total = len(lines)
     return [{"n": i + 1, "t": line} for i, line in enumerate(lines) if start <= i < start + limit]
+
+
+@route("DELETE", "/nodes/{node}/tasks/{upid}")
+def stop_task(call: Call) -> None:
+    """PVE's stop_task: the task's owner, or Sys.Modify on the node. The task ends at its next
+    fault point with ``received interrupt`` (after its own cleanup); a finished task is left."""
+    upid = str(call.params["upid"])
+    if not UPID_RE.match(upid):
+        raise param_error({"upid": "unable to parse worker upid"})
+    task = call.tasks.get(upid)
+    if task is None or task.node != call.node:
+        raise param_error({"upid": "no such task"})
+    if call.authid != task.user:
+        with call.state.lock:
+            call.acl.check(call.authid, f"/nodes/{call.node}", ["Sys.Modify"])
+    call.tasks.stop(upid)

@@ -2,7 +2,8 @@
 
 Order, as in PVE (pve-http-server + PVE::HTTPServer::rest_handler + RESTHandler::handle):
 
-1. ``/api2/json`` prefix, request body (form-encoded or JSON; query parameters win);
+1. ``/api2/json`` prefix (an armed ``http_error`` fault answers here, as pveproxy does when
+   pvedaemon is down), request body (form-encoded or JSON; query parameters win);
 2. authentication (``Authorization: PVEAPIToken=...``) -> 401 ``No ticket`` /
    ``Authentication failed!`` with an empty body;
 3. route lookup in the schema -> 501 ``Method 'GET /foo' not implemented``;
@@ -138,7 +139,14 @@ class Core:
         release: str = "9.0",
         version: str = "9.0.11",
     ) -> None:
-        from . import api_access, api_cluster, api_firewall, api_lxc, api_tasks  # noqa: F401  (register)
+        from . import (  # noqa: F401  (register the handlers)
+            api_access,
+            api_cluster,
+            api_firewall,
+            api_lxc,
+            api_snapshot,
+            api_tasks,
+        )
 
         self.schema = schema
         self.state = state
@@ -148,6 +156,7 @@ class Core:
         self.tasks = TaskManager(self.faults)
         self.release = release
         self.version = version
+        self.first_vmid = 100  # where /cluster/nextid starts (PVETestServer(first_vmid=...))
         self.started = time.time()
         with state.lock:
             for key, ct in state.cts.items():
@@ -172,6 +181,9 @@ class Core:
             if not path.startswith(API_PREFIX + "/") and path != API_PREFIX:
                 raise PVEError(501, "no such uri")
             rel = path[len(API_PREFIX) :] or "/"
+            injected = self.faults.http_failure(verb, rel)  # the http_error fault switch
+            if injected is not None:
+                raise PVEError(injected[0], injected[1])
             params = self._params(verb, query, body, content_type)
             authid = self.acl.verify_api_token(authorization)
             data, total = self._dispatch(verb, rel, params, authid)

@@ -55,3 +55,16 @@ class Engine(Protocol):
 
     def interfaces(self, vmid: int, config: CTConfig) -> list[dict[str, Any]] | None:
         """``GET .../interfaces`` of a running CT (None when it is not running)."""
+
+    def disk_used(self, vmid: int) -> int:
+        """Bytes the CT's root filesystem holds of its own (``disk`` of status/current)."""
+
+    def snapshot(self, vmid: int, snapname: str) -> None:
+        """Save the CT's filesystem as it is now (a running CT is frozen meanwhile)."""
+
+    def delete_snapshot(self, vmid: int, snapname: str) -> None:
+        """Forget a snapshot (missing is fine). ``destroy`` removes a CT's snapshots too."""
+
+    def clone_snapshot(self, source_vmid: int, snapname: str, vmid: int, config: CTConfig) -> None:
+        """Make the container for a (full) clone of ``source_vmid``'s snapshot ``snapname``: its
+        files, minus what PVE's clone and the host-key hookscript renew (machine-id, host keys)."""

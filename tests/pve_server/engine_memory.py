@@ -19,6 +19,7 @@ class MemoryEngine:
         self._exists: set[int] = set()
         self._running: set[int] = set()
         self._hostkeys: dict[int, str] = {}
+        self._snapshots: set[tuple[int, str]] = set()
 
     def unavailable_reason(self) -> str | None:
         return None
@@ -62,6 +63,7 @@ class MemoryEngine:
             self._running.discard(vmid)
             self._exists.discard(vmid)
             self._hostkeys.pop(vmid, None)
+            self._snapshots = {s for s in self._snapshots if s[0] != vmid}
 
     def is_running(self, vmid: int) -> bool:
         with self._mutex:
@@ -83,6 +85,25 @@ class MemoryEngine:
                 _iface(net.get("name", "eth0"), net.get("hwaddr", "").lower(), ip if "/" in ip else None)
             )
         return out
+
+    def disk_used(self, vmid: int) -> int:
+        """A record writes nothing; a plausible constant for a running one."""
+        return 8 * 1024 * 1024 if self.is_running(vmid) else 0
+
+    def snapshot(self, vmid: int, snapname: str) -> None:
+        self._require(vmid)
+        with self._mutex:
+            self._snapshots.add((vmid, snapname))
+
+    def delete_snapshot(self, vmid: int, snapname: str) -> None:
+        with self._mutex:
+            self._snapshots.discard((vmid, snapname))
+
+    def clone_snapshot(self, source_vmid: int, snapname: str, vmid: int, config: CTConfig) -> None:
+        with self._mutex:
+            if (source_vmid, snapname) not in self._snapshots:
+                raise EngineError(f"no snapshot {snapname!r} of CT {source_vmid}")
+        self.create(vmid, config)
 
     def _require(self, vmid: int) -> None:
         with self._mutex:

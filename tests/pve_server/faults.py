@@ -14,13 +14,27 @@
   ``message`` (what was made is rolled back, as PVE does).
 * ``node_offline``: requests proxied to that node answer ``595 Errors during connection
   establishment, proxy handler: No route to host``; it shows ``offline`` in ``/nodes``.
+* ``http_error``: the next ``count`` API requests (optionally only of one HTTP ``method`` and whose
+  path below ``/api2/json`` matches the regular expression ``path``) answer ``status`` with
+  ``message`` before anything is done, as pveproxy does when pvedaemon is down or overloaded
+  (``503 Service Unavailable``) or a handler dies (``500``).
+* ``task_half_fail``: the next ``count`` tasks (optionally of some types) fail after doing their
+  work, and PVE's own cleanup fails as well (``Failed to remove target CT config``): a clone
+  leaves its new CT behind (in its pool), unlocked or, with ``keep_lock``, still locked ``create``;
+  other task types just fail.
+
+A running task can be stopped (``DELETE /nodes/{node}/tasks/{upid}``, as PVE's ``stop_task``):
+a delayed task stops waiting, and its first fault point ends it with ``received interrupt``
+after the task's own cleanup (a stopped clone removes its new CT, as PVE's worker does on SIGTERM).
 
 Python API: the methods below; HTTP: ``GET|POST|DELETE /_test/faults`` (JSON, root token).
 """
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +70,8 @@ class Faults:
     _nextid: _Armed | None = None
     _offline: set[str] = field(default_factory=set)
     _release: threading.Event = field(default_factory=threading.Event)
+    _http: list[_Armed] = field(default_factory=list)
+    _half: list[_Armed] = field(default_factory=list)
 
     # --- arming -----------------------------------------------------------------------------
     def inject_lock(self, count: int = 1, lock: str = "disk", vmid: int | None = None) -> None:
@@ -87,6 +103,26 @@ class Faults:
             else:
                 self._offline.discard(node)
 
+    def http_error(
+        self,
+        status: int,
+        message: str,
+        method: str | None = None,
+        path: str | None = None,
+        count: int | None = 1,
+    ) -> None:
+        """The next ``count`` requests (``None``: all) matching ``method`` and the ``path`` regex answer
+        ``status message`` without being handled."""
+        matcher = (method.upper() if method else None, re.compile(path) if path else None)
+        with self._mutex:
+            self._http.append(_Armed(count, vmid=None, value=(int(status), str(message), matcher)))
+
+    def half_fail_tasks(
+        self, message: str, types: list[str] | None = None, count: int | None = 1, keep_lock: bool = False
+    ) -> None:
+        with self._mutex:
+            self._half.append(_Armed(count, frozenset(types) if types else None, value=(message, keep_lock)))
+
     def clear(self) -> None:
         with self._mutex:
             self._locks.clear()
@@ -94,6 +130,8 @@ class Faults:
             self._failures.clear()
             self._nextid = None
             self._offline.clear()
+            self._http.clear()
+            self._half.clear()
         self.release_tasks()
 
     def configure(self, spec: dict[str, Any]) -> None:
@@ -114,6 +152,20 @@ class Faults:
         if "node_offline" in spec:
             s = spec["node_offline"]
             self.set_node_offline(str(s["node"]), bool(s.get("offline", True)))
+        if "http_error" in spec:
+            s = spec["http_error"]
+            self.http_error(
+                int(s["status"]),
+                str(s["message"]),
+                s.get("method"),
+                s.get("path"),
+                _opt_int(s.get("count", 1)),
+            )
+        if "task_half_fail" in spec:
+            s = spec["task_half_fail"]
+            self.half_fail_tasks(
+                str(s["message"]), s.get("types"), _opt_int(s.get("count", 1)), bool(s.get("keep_lock"))
+            )
 
     def describe(self) -> dict[str, Any]:
         with self._mutex:
@@ -135,6 +187,27 @@ class Faults:
                     if a.matches()
                 ],
                 "node_offline": sorted(self._offline),
+                "http_error": [
+                    {
+                        "status": a.value[0],
+                        "message": a.value[1],
+                        "method": a.value[2][0],
+                        "path": a.value[2][1].pattern if a.value[2][1] else None,
+                        "count": a.count,
+                    }
+                    for a in self._http
+                    if a.matches()
+                ],
+                "task_half_fail": [
+                    {
+                        "message": a.value[0],
+                        "types": sorted(a.types or []),
+                        "count": a.count,
+                        "keep_lock": a.value[1],
+                    }
+                    for a in self._half
+                    if a.matches()
+                ],
             }
 
     # --- consulted by the server ------------------------------------------------------------
@@ -166,13 +239,39 @@ class Faults:
                     total += float(armed.value)
             return total
 
-    def serve_delay(self, dtype: str) -> None:
-        """Block a starting task for its armed delay (or until :meth:`release_tasks`)."""
+    def serve_delay(self, dtype: str, stop: threading.Event | None = None) -> None:
+        """Block a starting task for its armed delay (or until :meth:`release_tasks`, or until the
+        task is stopped: ``stop`` is set)."""
         seconds = self.task_delay(dtype)
         if seconds > 0:
             with self._mutex:
                 event = self._release
-            event.wait(seconds)
+            if stop is None:
+                event.wait(seconds)
+                return
+            deadline = time.monotonic() + seconds
+            while not stop.is_set() and not event.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    break
+
+    def http_failure(self, method: str, path: str) -> tuple[int, str] | None:
+        """(status, message) this request answers (consumed), or None to handle it."""
+        with self._mutex:
+            for armed in self._http:
+                verb, pattern = armed.value[2]
+                if armed.matches() and verb in (None, method) and (pattern is None or pattern.search(path)):
+                    armed.consume()
+                    return int(armed.value[0]), str(armed.value[1])
+        return None
+
+    def task_half_failure(self, dtype: str) -> tuple[str, bool] | None:
+        """(message, keep_lock) of the armed ``task_half_fail`` fault for this task type, or None."""
+        with self._mutex:
+            for armed in self._half:
+                if armed.matches(dtype):
+                    armed.consume()
+                    return str(armed.value[0]), bool(armed.value[1])
+        return None
 
     def task_failure(self, dtype: str) -> str | None:
         with self._mutex:

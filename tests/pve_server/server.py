@@ -145,7 +145,11 @@ class PVETestServer:
         tls_dir: Path | None = None,
         bootstrap_token_file: Path | None = None,
         verbose: bool = False,
+        first_vmid: int = 100,
     ) -> None:
+        """``first_vmid``: where ``/cluster/nextid`` starts counting (PVE: 100); test sessions that
+        share one machine's LXC path and bridge pick distinct ranges (VMIDs name containers, veths
+        and, for the runtime, addresses)."""
         self.host = host
         self._port = port
         self.verbose = verbose
@@ -153,6 +157,7 @@ class PVETestServer:
         self.faults = Faults()
         self.state = State.open(state_file, list(nodes))
         self.core = Core(schema or Schema.load(), self.state, self.engine, self.faults)
+        self.core.first_vmid = first_vmid
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if tls_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="pve-test-server-")

@@ -44,6 +44,7 @@ class Task:
     exitstatus: str | None = None
     endtime: int | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)  # stop_task asked it to end
 
     def log(self, line: str) -> None:
         self.lines.extend(line.rstrip("\n").split("\n"))
@@ -75,18 +76,29 @@ class TaskContext:
     task: Task
     faults: Faults
     checked: bool = False
+    # set by a ``task_half_fail`` fault: the body must not clean up what it made (PVE's cleanup
+    # failed too); True = leave the new CT locked
+    leave_partial: bool | None = None
 
     def log(self, line: str) -> None:
         self.task.log(line)
 
     def fault_point(self) -> None:
-        """Raise the armed ``task_fail`` fault for this task type, if any (once per task)."""
+        """End the task here if it was stopped (``received interrupt``, as PVE's worker on SIGTERM),
+        else raise the armed ``task_fail`` / ``task_half_fail`` fault for this task type, if any
+        (once per task: a stop after that point comes too late, the task completes)."""
         if self.checked:
             return
         self.checked = True
+        if self.task.stop.is_set():
+            raise TaskError("received interrupt")
         message = self.faults.task_failure(self.task.type)
         if message is not None:
             raise TaskError(message)
+        half = self.faults.task_half_failure(self.task.type)
+        if half is not None:
+            self.leave_partial = half[1]
+            raise TaskError(half[0])
 
 
 TaskBody = Callable[[TaskContext], None]
@@ -119,7 +131,7 @@ class TaskManager:
     def _run(self, task: Task, body: TaskBody) -> None:
         ctx = TaskContext(task, self.faults)
         try:
-            self.faults.serve_delay(task.type)  # the slow-task fault switch
+            self.faults.serve_delay(task.type, task.stop)  # the slow-task fault switch
             body(ctx)
             ctx.fault_point()
         except TaskError as exc:
@@ -143,6 +155,13 @@ class TaskManager:
         task.endtime = int(time.time())
         task.status = "stopped"
         task.done.set()
+
+    def stop(self, upid: str) -> None:
+        """Ask a running task to end (it does at its next fault point); a stopped one is left."""
+        task = self.get(upid)
+        if task is not None and task.status == "running":
+            task.log("received interrupt")
+            task.stop.set()
 
     def get(self, upid: str) -> Task | None:
         with self._mutex:

@@ -29,6 +29,7 @@ def test_missing_file_means_defaults(tmp_path: Path) -> None:
         ({"backend": "docker"}, "backend='docker'"),
         ({"bogus_key": 1}, "unknown key(s)"),
         ({"idmap_base": "many"}, "idmap_base='many'"),
+        ({"disk_limits": "maybe"}, "disk_limits='maybe' is not a valid bool"),
     ],
 )
 def test_bad_settings_are_named(tmp_path: Path, values: dict[str, object], needle: str) -> None:
@@ -44,3 +45,22 @@ def test_malformed_file_is_a_config_error(tmp_path: Path) -> None:
     f.write_text("{not json")
     with pytest.raises(ConfigError, match="cannot read"):
         Settings.load(f, env={})
+
+
+@pytest.mark.parametrize(
+    ("file_value", "env_value", "expected"),
+    [
+        (True, None, True),
+        (False, None, False),
+        (True, "false", False),
+        (False, "yes", True),
+        (None, "0", False),
+    ],
+)
+def test_disk_limits_is_a_boolean_from_file_or_env(
+    tmp_path: Path, file_value: bool | None, env_value: str | None, expected: bool
+) -> None:
+    f = tmp_path / "host.json"
+    f.write_text(json.dumps({} if file_value is None else {"disk_limits": file_value}))
+    env = {} if env_value is None else {"SANDBOX_RT_DISK_LIMITS": env_value}
+    assert Settings.load(f, env=env).disk_limits is expected

@@ -53,8 +53,18 @@ class FakeBackend:
 
     def update(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
         self._maybe_fail("update")
-        new = SandboxRecord(record.id, spec.hostname or record.hostname, record.ip, record.host_key, spec,
-                            record.created_at, None, record.owner_pid, record.owner_host, record.backend)
+        new = SandboxRecord(
+            record.id,
+            spec.hostname or record.hostname,
+            record.ip,
+            record.host_key,
+            spec,
+            record.created_at,
+            None,
+            record.owner_pid,
+            record.owner_host,
+            record.backend,
+        )
         self.made[record.id] = new
         return new
 
@@ -88,6 +98,9 @@ class FakeBackend:
     def internet_enabled(self, record: SandboxRecord) -> bool:
         return record.id in self.internet
 
+    def set_egress(self, record: SandboxRecord, egress: tuple[str, ...]) -> None:
+        self._maybe_fail("egress")
+
     def gc_candidates(self, *, now: float, dead_owners: bool) -> builtins.list[GcCandidate]:
         return [GcCandidate(i, "test") for i in self.made]
 
@@ -116,13 +129,19 @@ def test_fake_backend_satisfies_the_protocol() -> None:
 
 @pytest.mark.parametrize(
     ("fail_at", "error"),
-    [("clone", BackendError), ("start", BackendError), ("internet", BackendError), ("", SandboxNotReady)],
+    [
+        ("clone", BackendError),
+        ("start", BackendError),
+        ("internet", BackendError),
+        ("egress", BackendError),
+        ("", SandboxNotReady),
+    ],
 )
 def test_any_failed_step_destroys_what_was_made(fail_at: str, error: type[Exception]) -> None:
     backend = FakeBackend(fail_at)
     mgr = _manager(backend)
     with pytest.raises(error):
-        mgr.create(internet=True)
+        mgr.create(internet=True, egress=["192.0.2.0/24"])
     assert backend.made == {} and backend.intents == set() and len(backend.destroyed) == 1
 
 

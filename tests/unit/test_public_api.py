@@ -28,6 +28,8 @@ EXPECTED = {
     "SandboxSpec",
     "SandboxStatus",
     "Settings",
+    "SnapshotInfo",
+    "SnapshotNotFound",
     "__version__",
 }
 

@@ -628,3 +628,69 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
         assert rt.nodes(NODE).lxc(TEMPLATE_ID).config.get()["template"] == 1
         with pytest.raises(ResourceException):
             client(srv2, tokenid, secret).version.get()  # each start makes a new bootstrap secret
+
+
+def test_http_error_switch(server: PVETestServer, api: Any) -> None:
+    make_template(api)
+    server.faults.http_error(503, "Service Unavailable", method="POST", path=r"/clone$", count=1)
+    with pytest.raises(ResourceException) as exc:
+        clone(api, 230)
+    assert error_of(exc)[:2] == (503, "Service Unavailable")
+    assert 230 not in [int(c["vmid"]) for c in api.nodes(NODE).lxc.get()]  # nothing was done
+    wait_ok(api, clone(api, 230))  # consumed: the next one passes
+    url = server.url.replace("/api2/json", "/_test/faults")
+    hdr = {"Authorization": f"PVEAPIToken={root_header(server)}"}
+    spec = {"http_error": {"status": 500, "message": "internal error", "method": "GET", "count": 2}}
+    data = requests.post(url, json=spec, headers=hdr, verify=str(server.ca_file), timeout=10).json()["data"]
+    assert data["http_error"] == [
+        {"status": 500, "message": "internal error", "method": "GET", "path": None, "count": 2}
+    ]
+    for _ in range(2):
+        with pytest.raises(ResourceException) as exc:
+            api.nodes(NODE).lxc.get()
+        assert error_of(exc)[:2] == (500, "internal error")
+    assert api.nodes(NODE).lxc.get()
+
+
+def test_stop_task_runs_the_tasks_cleanup(server: PVETestServer, api: Any) -> None:
+    make_template(api)
+    server.faults.slow_tasks(TASK_TIMEOUT * 10, types=["vzclone"], count=1)
+    upid = clone(api, 240)
+    assert api.nodes(NODE).tasks(upid).status.get()["status"] == "running"
+    assert api.nodes(NODE).tasks(upid).delete() is None  # PVE's stop_task
+    status = wait(api, upid)
+    assert status["exitstatus"] == "clone failed: received interrupt"
+    assert 240 not in [int(c["vmid"]) for c in api.nodes(NODE).lxc.get()]  # the clone cleaned up
+    assert "lock" not in api.nodes(NODE).lxc(TEMPLATE_ID).config.get()
+    assert api.nodes(NODE).tasks(upid).delete() is None  # a finished task: nothing to do
+    wait_ok(api, clone(api, 240))
+
+
+def test_stop_task_of_another_user_needs_sys_modify(server: PVETestServer, api: Any) -> None:
+    make_template(api)
+    server.add_user("other@pve")
+    secret = server.add_token("other@pve", "tok", privsep=False)
+    server.set_acl("/nodes/pve", "PVEAuditor", users=["other@pve"])  # Sys.Audit, no Sys.Modify
+    other = client(server, "other@pve!tok", secret)
+    server.faults.slow_tasks(TASK_TIMEOUT * 10, types=["vzclone"], count=1)
+    upid = clone(api, 250)
+    with pytest.raises(ResourceException) as exc:
+        other.nodes(NODE).tasks(upid).delete()
+    assert error_of(exc)[0] == 403
+    api.nodes(NODE).tasks(upid).delete()
+    assert wait(api, upid)["exitstatus"] == "clone failed: received interrupt"
+
+
+@pytest.mark.parametrize("keep_lock", [False, True])
+def test_half_failed_clone_leaves_its_ct(server: PVETestServer, api: Any, keep_lock: bool) -> None:
+    make_template(api)
+    api.pools.post(poolid="p")
+    server.faults.half_fail_tasks("post_clone_hook failed", types=["vzclone"], keep_lock=keep_lock)
+    status = wait(api, clone(api, 260, pool="p"))
+    assert status["exitstatus"] == "clone failed: post_clone_hook failed"
+    log = [line["t"] for line in api.nodes(NODE).tasks(status["upid"]).log.get()]
+    assert any(line.startswith("Failed to remove target CT config") for line in log)
+    conf = api.nodes(NODE).lxc(260).config.get()  # still there, in the pool
+    assert conf.get("lock") == ("create" if keep_lock else None)
+    assert 260 in [int(m["vmid"]) for m in api.pools("p").get()["members"]]
+    assert "lock" not in api.nodes(NODE).lxc(TEMPLATE_ID).config.get()

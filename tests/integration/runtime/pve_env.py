@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -51,8 +52,11 @@ def real_pve_settings(base: Settings) -> Settings | None:
 
 @contextmanager
 def pve_test_server(base: Settings, state_dir: Path) -> Iterator[tuple[Settings, PVETestServer]]:
-    engine = LxcEngine(base.lxc_path, base.template)
-    srv = PVETestServer(engine=engine).start()
+    # Several test sessions may share this machine's LXC path and bridge: each gets its own
+    # container names (engine prefix) and VMID range (VMIDs name veths and pick addresses).
+    session = secrets.randbelow(50)
+    engine = LxcEngine(base.lxc_path, base.template, prefix=f"pve{session:02d}-")
+    srv = PVETestServer(engine=engine, first_vmid=10_000 + 1000 * session).start()
     made: list[int] = []
     try:
         tokenid, secret = srv.root_token
@@ -104,3 +108,20 @@ def pve_test_server(base: Settings, state_dir: Path) -> Iterator[tuple[Settings,
         for vmid in sorted(set(made)):
             with suppress(Exception):
                 engine.destroy(vmid)
+
+
+def world(srv: PVETestServer) -> dict[str, set[str]]:
+    """What the test server holds: CT configs, firewall configs, and the LXC containers its engine
+    made (``<engine prefix><vmid>``). A test that must leave nothing compares this before and after."""
+    engine = srv.engine
+    assert isinstance(engine, LxcEngine)
+    with srv.state.lock:
+        cts = set(srv.state.cts)
+        firewall = set(srv.state.firewall)
+    lxc = {p.name for p in engine.lxc_path.glob(f"{engine.prefix}*")}
+    return {"cts": cts, "firewall": firewall, "lxc": lxc}
+
+
+def create_markers(settings: Settings) -> list[str]:
+    """The proxmox backend's create markers (none may outlive its create, unless abandoned)."""
+    return sorted(p.stem for p in (settings.state_dir / "proxmox" / "creating").glob("*.json"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import time
@@ -84,6 +85,35 @@ def test_file_errors_are_typed(sandbox: sandbox_rt.Sandbox) -> None:
         sandbox.write_file("/etc/shadow-new", b"x")  # the sandbox user may not write /etc
     with pytest.raises(sandbox_rt.ConfigError):
         sandbox.read_file("relative/path")
+
+
+@pytest.mark.parametrize(
+    ("path", "code"),
+    [
+        ("/nonexistent/file", errno.ENOENT),
+        ("/root/.bashrc", errno.EACCES),  # /root is 0700: the error is the parent's, not "missing"
+        ("/etc/shadow", errno.EACCES),
+        ("/etc/hostname/x", errno.ENOTDIR),
+        ("/home", errno.EISDIR),
+        ("/tmp/a-fifo", errno.EINVAL),  # reading a FIFO would block forever
+        ("/tmp/it's a \"name\"; $(touch /tmp/pwned)", errno.ENOENT),  # quoted, never run
+    ],
+)
+def test_read_errors_name_the_cause(sandbox: sandbox_rt.Sandbox, path: str, code: int) -> None:
+    sandbox.exec("mkfifo /tmp/a-fifo 2>/dev/null; true")
+    with pytest.raises(sandbox_rt.FileOperationError) as err:
+        sandbox.read_file(path)
+    assert err.value.errno == code, err.value
+    assert sandbox.exec("test -e /tmp/pwned").exit_code == 1
+
+
+def test_read_and_download_are_byte_exact(sandbox: sandbox_rt.Sandbox, tmp_path: Path) -> None:
+    blob = os.urandom(3 << 20) + bytes(range(256)) * 1000  # not a multiple of any packet size
+    sandbox.write_file("/home/sandbox/blob", blob)
+    assert sandbox.read_file("/home/sandbox/blob") == blob
+    assert sandbox.download("/home/sandbox/blob", tmp_path / "blob") == len(blob)
+    assert (tmp_path / "blob").read_bytes() == blob and not (tmp_path / "blob.part").exists()
+    assert sandbox.read_file("/proc/self/status").startswith(b"Name:")  # size 0 in stat, read to EOF
 
 
 def test_timeout_kills_the_process_group(sandbox: sandbox_rt.Sandbox) -> None:

@@ -1,4 +1,4 @@
-"""The warm pool hands out ready sandboxes with the request's settings, never one twice (LXC)."""
+"""The warm pool hands out ready sandboxes with the request's settings, never one twice."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import concurrent.futures
 from pathlib import Path
 
 from sandbox_rt import Manager, Settings
+from sandbox_rt.backends.proxmox import ProxmoxBackend
 from sandbox_rt.pool import POOL_LABEL
+from tests.pve_server import PVETestServer
 
 from .conftest import SESSION_LABEL
 
@@ -55,3 +57,24 @@ def test_pool_never_hands_out_one_sandbox_twice(settings: Settings) -> None:
         finally:
             for sb in sandboxes:
                 sb.destroy()
+
+
+def test_proxmox_hand_out_grows_the_disk_to_the_request(
+    settings: Settings, pve_env: tuple[Settings, PVETestServer | None]
+) -> None:
+    pve_settings = pve_env[0]
+    spec = {"memory_mb": 256, "disk_gb": 8, "labels": SESSION_LABEL}
+    with Manager(pve_settings, ssh_key=settings.ssh_key, pool_size=1, pool_spec=spec) as mgr:
+        assert mgr.pool is not None and mgr.pool.wait_ready(timeout=120)
+        pooled = {r.id for r in mgr.list(labels=SESSION_LABEL)}
+        sb = mgr.create(memory_mb=256, disk_gb=12, labels=SESSION_LABEL)
+        try:
+            assert sb.id in pooled
+            backend = mgr.backend
+            assert isinstance(backend, ProxmoxBackend)
+            node, vmid = backend._find(sb.id)
+            rootfs = str(backend._ct(node, vmid).config.get()["rootfs"])
+            assert "size=12G" in rootfs, rootfs
+            assert mgr.get(sb.id).spec.disk_gb == 12
+        finally:
+            sb.destroy()

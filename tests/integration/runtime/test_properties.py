@@ -54,15 +54,21 @@ def test_file_paths_never_escape_quoting(shared: sandbox_rt.Sandbox, name: str) 
     cpus=st.one_of(st.floats(allow_nan=True), st.integers(), st.text(max_size=3)),
     memory=st.one_of(st.integers(-(2**40), 2**40), st.floats(), st.none()),
     hostname=st.one_of(st.none(), st.text(max_size=70)),
+    egress=st.one_of(
+        st.none(),
+        st.text(max_size=12),
+        st.lists(st.one_of(st.text(max_size=24), st.ip_addresses(v=4).map(str), st.integers()), max_size=3),
+    ),
 )
 def test_create_arguments_fail_typed_or_work(
-    lxc_manager: sandbox_rt.Manager, cpus: object, memory: object, hostname: str | None
+    lxc_manager: sandbox_rt.Manager, cpus: object, memory: object, hostname: str | None, egress: object
 ) -> None:
     try:
         sb = lxc_manager.create(
             cpus=cpus,
             memory_mb=memory,
             hostname=hostname,  # type: ignore[arg-type]
+            egress=egress,  # type: ignore[arg-type]
             labels={"test-session": "properties"},
         )
     except sandbox_rt.SandboxError:

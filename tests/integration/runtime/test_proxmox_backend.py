@@ -15,7 +15,7 @@ from sandbox_rt import BackendError, Manager, PermissionDenied, Settings
 from tests.pve_server import PVETestServer
 
 from .conftest import SESSION_LABEL
-from .pve_env import NODE, POOL, PRIVILEGES, ROLE, TEMPLATE_VMID
+from .pve_env import NODE, POOL, PRIVILEGES, ROLE, TEMPLATE_VMID, create_markers, world
 
 
 @pytest.fixture
@@ -53,23 +53,29 @@ def test_survives_a_nextid_collision(pve_manager: Manager, srv: PVETestServer) -
             assert second.exec("hostname").text.strip() == second.hostname
 
 
-def test_failing_clone_leaves_nothing_and_carries_pves_message(
-    pve_manager: Manager, srv: PVETestServer
+@pytest.mark.parametrize(
+    ("task", "step", "message"),
+    [
+        ("vzclone", "clone", "storage 'local-lvm' is full"),
+        ("resize", "resize", "volume resize failed: no space left on volume group"),
+        ("vzstart", "start", "startup for container failed"),
+    ],
+)
+def test_failing_task_at_each_create_step_leaves_nothing_and_carries_pves_message(
+    pve_manager: Manager, srv: PVETestServer, task: str, step: str, message: str
 ) -> None:
-    before = _cts(srv)
-    srv.faults.fail_tasks("storage 'local-lvm' is full", types=["vzclone"], count=1)
+    """A task ending with an error exit status: BackendError naming the step, PVE's message and
+    the task log's tail; what was made is gone (CT, LXC container, firewall config, marker)."""
+    before = world(srv)
+    srv.faults.fail_tasks(message, types=[task], count=1)
+    t0 = time.monotonic()
     with pytest.raises(BackendError) as err:
-        pve_manager.create(labels=SESSION_LABEL)
-    assert "storage 'local-lvm' is full" in str(err.value)
-    assert _cts(srv) == before
-
-
-def test_failing_start_destroys_the_clone(pve_manager: Manager, srv: PVETestServer) -> None:
-    before = _cts(srv)
-    srv.faults.fail_tasks("startup for container failed", types=["vzstart"], count=1)
-    with pytest.raises(BackendError, match="startup for container failed"):
-        pve_manager.create(labels=SESSION_LABEL)
-    assert _cts(srv) == before
+        pve_manager.create(labels=SESSION_LABEL, disk_gb=8)  # 8 > the template's 4 GiB: a resize runs
+    assert time.monotonic() - t0 < 10
+    assert err.value.step == step and "task failed: " in str(err.value) and message in str(err.value)
+    assert "--- output (tail) ---" in str(err.value) and "TASK ERROR: " in str(err.value)  # the log
+    assert world(srv) == before
+    assert create_markers(pve_manager.settings) == []
 
 
 @pytest.mark.parametrize("missing", ["VM.Clone", "VM.PowerMgmt", "VM.Config.Network", "SDN.Use"])

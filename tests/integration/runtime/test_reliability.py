@@ -19,6 +19,7 @@ import pytest
 
 import sandbox_rt
 from sandbox_rt import BackendError, Manager, SandboxNotReady, Settings
+from sandbox_rt.netstate import NetState
 from sandbox_rt.network import NftInternetSet
 
 from .conftest import SESSION_LABEL
@@ -44,6 +45,7 @@ def _no_leaks(mgr: Manager, label: dict[str, str], ips: set[str]) -> None:
         if ln.startswith("lxc.net.0.ipv4.address")
     }
     assert not (used & ips)  # every address went back to the pool
+    assert not [n for n in NetState(s).all() if n.ip in ips]  # no network state file left
 
 
 def test_50_creates_from_8_threads(lxc_manager: Manager) -> None:
@@ -109,6 +111,25 @@ def test_200_parallel_execs_on_5_sandboxes(make_lxc) -> None:  # type: ignore[no
     assert all(out == f"{i}\n".encode() for i, out in results)
 
 
+def test_2000_short_execs_never_drop_the_connection(make_lxc) -> None:  # type: ignore[no-untyped-def]
+    """Commands that end before their input's EOF is sent: sshd must never see EOF after CLOSE.
+
+    With paramiko's own ``shutdown_write`` about 1 in 400 such calls lost the whole connection
+    (sshd: "ieof packet referred to nonexistent channel"); every call here must work, including
+    ones given input they never read.
+    """
+    boxes = [make_lxc(memory_mb=256) for _ in range(5)]
+
+    def run(i: int) -> bytes:
+        stdin = b"x" * (i % 3) * 40000 if i % 2 else None  # unread input: none, 40 kB or 80 kB
+        return boxes[i % 5].exec(f"echo {i}", stdin=stdin).stdout
+
+    with concurrent.futures.ThreadPoolExecutor(40) as ex:
+        outs = list(ex.map(run, range(2000)))
+    assert outs == [f"{i}\n".encode() for i in range(2000)]
+    assert all(sb.exec("cat", stdin=b"in").stdout == b"in" for sb in boxes)  # input still arrives
+
+
 # -- faults ----------------------------------------------------------------------------------------
 @pytest.fixture
 def scratch_settings(settings: Settings) -> Iterator[Settings]:
@@ -129,6 +150,7 @@ def scratch_settings(settings: Settings) -> Iterator[Settings]:
             ip_pool_start="10.99.240.0",
             ip_pool_end="10.99.240.255",
             ssh_ready_timeout_s=3,
+            disk_limits=False,  # a plain directory on the host's filesystem, not the btrfs storage
         )
     finally:
         for cdir in path.glob("sbx-*"):  # a failed test's leftovers, never the real path
@@ -140,6 +162,14 @@ def scratch_settings(settings: Settings) -> Iterator[Settings]:
 def _assert_empty(s: Settings) -> None:
     assert sorted(p.name for p in s.lxc_path.iterdir() if p.name.startswith("sbx-")) == []
     assert not list((s.lxc_path / ".runtime" / "creating").glob("*.json"))
+
+
+def test_disk_limits_off_btrfs_are_a_clear_error(scratch_settings: Settings) -> None:
+    s = dataclasses.replace(scratch_settings, disk_limits=True)
+    with pytest.raises(BackendError, match="not on a btrfs filesystem, so disk_gb cannot be enforced") as err:
+        Manager(s).create()
+    assert err.value.step == "clone"
+    _assert_empty(s)
 
 
 def test_missing_template_is_a_clear_error(scratch_settings: Settings) -> None:

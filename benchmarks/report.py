@@ -1,0 +1,92 @@
+"""The printed table and the JSON file of a benchmark run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["format_table", "write_json"]
+
+_HEAD = f"{'measure':44} {'median':>9} {'p90':>9} {'max':>9}  {'(ms)':10} {'vs baseline':31} {'ratio':>7}"
+
+
+def _note(m: dict[str, Any]) -> str:
+    if "mb_per_s" in m:
+        return f"{m['mb_per_s']:.0f} MB/s"
+    if "sandboxes_per_s" in m:
+        return f"{m['sandboxes_per_s']:.1f}/s"
+    return ""
+
+
+def _ratio(c: dict[str, Any]) -> str:
+    return f"{c['ratio']:.2f}x"
+
+
+def _facts(name: str, group: dict[str, Any]) -> list[str]:
+    facts = group.get("facts", {})
+    lines: list[str] = []
+    if name == "transfer":
+        lines.append(
+            f"  {facts.get('megabytes')} MB per transfer; SHA-256 verified: {facts.get('all_verified')}"
+        )
+        lines.append("  throughput ratio = ours MB/s / OpenSSH MB/s (above 1: ours is faster)")
+    elif name == "concurrency":
+        for row in facts.get("by_n", []):
+            mem = max(row["peak_mem_mb"], default=0.0)
+            raw_mem = max(row["raw_peak_mem_mb"], default=0.0)
+            cg = max(row["containers_mem_mb"], default=0.0)
+            raw_cg = max(row["raw_containers_mem_mb"], default=0.0)
+            lines.append(
+                f"  N={row['n']}: all_working={row['all_working']} leaked={row['leaked']} "
+                f"raw_leaked={row['raw_leaked']}; peak host memory +{mem:.0f} MB (raw +{raw_mem:.0f} MB); "
+                f"containers' cgroups {cg:.0f} MB (raw {raw_cg:.0f} MB); "
+                f"destroy all {max(row['destroy_all_s'], default=0.0):.2f} s"
+            )
+            if row["leak_detail"] or row["raw_leak_detail"]:
+                lines.append(f"    leaked: {row['leak_detail'] + row['raw_leak_detail']}")
+            if row["errors"]:
+                lines.append(f"    errors: {row['errors'][:5]}")
+    elif name == "pve":
+        over = facts.get("api_overhead_ms", {})
+        lines.append(f"  server: {facts.get('server')}")
+        lines.append(
+            "  API overhead (proxmox - lxc, medians): "
+            + ", ".join(f"{op} {ms:+.1f} ms" for op, ms in over.items())
+        )
+    return lines
+
+
+def format_table(results: dict[str, Any], out: TextIO) -> None:
+    meta = results["meta"]
+    out.write(
+        f"sandbox_rt benchmarks: runs={meta['runs']} quick={meta['quick']} "
+        f"({meta['duration_s']:.1f} s, {meta['host']['cpus']} CPUs, kernel {meta['host']['kernel']})\n"
+    )
+    for name, group in results["groups"].items():
+        out.write(f"\n== {name} ==\n")
+        if "error" in group:
+            out.write(f"  FAILED: {group['error']}\n")
+            continue
+        out.write(_HEAD + "\n")
+        by_measure: dict[str, list[dict[str, Any]]] = {}
+        for c in group["comparisons"]:
+            by_measure.setdefault(c["measure"], []).append(c)
+        for key, m in group["measures"].items():
+            comps = by_measure.get(key, [])
+            first = comps[0] if comps else None
+            out.write(
+                f"{key[:44]:44} {m['median_ms']:9.1f} {m['p90_ms']:9.1f} {m['max_ms']:9.1f}  {_note(m):10} "
+                f"{(first['baseline'] if first else '')[:31]:31} {(_ratio(first) if first else ''):>7}\n"
+            )
+            for c in comps[1:]:
+                out.write(f"{'':44} {'':9} {'':9} {'':9}  {'':10} {c['baseline'][:31]:31} {_ratio(c):>7}\n")
+        for line in _facts(name, group):
+            out.write(line + "\n")
+
+
+def write_json(results: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=1, sort_keys=False) + "\n")
+    tmp.replace(path)

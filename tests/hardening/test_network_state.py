@@ -1,0 +1,142 @@
+"""Egress allow-lists and the runtime's network state, against the simulated internet (testnet.py).
+
+- ``create(egress=[...])``: with internet off, a sandbox reaches exactly the listed addresses,
+  networks and what the listed names resolve to (by the host's dnsmasq, into the sandbox's own set),
+  on the allowed ports; nothing else, and no other sandbox gains anything from it.
+- A reload of the sandbox tables (what the boot unit and site.yml do) or a restart of the sandbox
+  dnsmasq while sandboxes run: internet and egress states come back from the runtime's state files,
+  and the isolation controls still hold.
+
+Every "blocked" is shown next to a "the host reaches it" or a "this other sandbox reaches it".
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sandbox_rt import Settings
+from sandbox_rt.netstate import NetState
+from sandbox_rt.network import NftInternetSet
+from tests.integration.provision_helpers import tcp_open
+
+from . import checks
+from .checks import Target
+from .conftest import Factory
+from .testnet import SimNet
+
+pytestmark = [pytest.mark.slow]
+
+
+def _http_ok(t: Target, net: SimNet, address: str, port: int = 80) -> bool:
+    r = checks.probe(t, "http", address, port)
+    return bool(r["ok"]) and r["body"] == net.http_body(address, port)
+
+
+def _resolves(t: Target, name: str) -> list[str]:
+    return t.sb.exec(f"getent hosts {name}", timeout=15).text.split()[:1]
+
+
+def _egress_works(t: Target, net: SimNet) -> None:
+    assert _resolves(t, net.dns_name) == [net.public_web_ip], "the allowed name does not resolve"
+    assert _http_ok(t, net, net.public_web_ip), "the allowed name's address is not reachable"
+
+
+def _preconditions(net: SimNet) -> None:
+    for addr in (net.public_web_ip, net.other_web_ip):
+        assert net.netns_tcp_open(net.wan_ns, addr, 80), f"precondition: the wan serves {addr}:80"
+    assert tcp_open(net.wan_ip, 80) and tcp_open(net.wan_ip, 8080), "precondition: the wan serves :80 :8080"
+
+
+def test_SBX_NET_16_egress_allow_list(make: Factory, net: SimNet, nft: NftInternetSet) -> None:
+    _preconditions(net)
+    t = make(egress=[net.dns_name, net.wan_ip])
+    bystander = make()
+    assert t.sb.status().egress == (net.dns_name, net.wan_ip)
+    assert not nft.contains(t.ip), "an egress list must not turn internet on"
+
+    _egress_works(t, net)  # the name: resolved by the host's dnsmasq into the sandbox's set
+    assert _http_ok(t, net, net.wan_ip), "the allowed address is not reachable"
+    # DNS answers any name, but only allowed destinations connect
+    assert _resolves(t, net.other_dns_name) == [net.other_web_ip]
+    reached = checks.sweep(t, [f"{net.other_web_ip}:80", f"{net.wan_ip}:8080", f"{net.public_web_ip}:8080"])
+    assert reached == set(), f"reached what the list does not allow: {reached}"
+    checks.check_no_lan(t, net)
+
+    # the bystander (no list) gains nothing from the first sandbox's resolved addresses, nor DNS
+    assert checks.sweep(bystander, [f"{net.public_web_ip}:80,443", f"{net.wan_ip}:80"]) == set()
+    checks.check_dns_only_via_host(bystander, net, internet=False)
+    # the listed sandbox asks only the host's resolver, never another one
+    direct = checks.probe(t, "dns-many", net.dns_name, f"{net.wan_ip}/udp", f"{net.public_resolver_ip}/udp")
+    assert set(direct.values()) == {None}, f"other resolvers answered the listed sandbox: {direct}"
+
+    # closing the list closes it at once
+    assert t.sb.set_egress([]) == ()
+    assert checks.sweep(t, [f"{net.public_web_ip}:80", f"{net.wan_ip}:80"]) == set()
+    assert t.sb.status().egress == ()
+
+
+def _reload_tables(settings: Settings) -> None:
+    """What the boot unit and site.yml do: load the role's nft file (it deletes and redefines)."""
+    nft_file = checks.role_defaults("sandbox_network")["sandbox_network_nft_file"]
+    subprocess.run(["nft", "-f", str(nft_file)], check=True, capture_output=True, text=True, timeout=30)
+
+
+def test_SBX_NET_17_reload_and_dns_restart_keep_state(
+    make: Factory, net: SimNet, nft: NftInternetSet, settings: Settings
+) -> None:
+    online = make(internet=True)
+    listed = make(egress=[net.dns_name])
+    offline = make()
+    checks.check_internet_works(online, net)
+    _egress_works(listed, net)
+
+    state = NetState(settings)
+    before = {n.sandbox_id for n in state.all()}
+    assert {online.id, listed.id} <= before and offline.id not in before
+
+    _reload_tables(settings)
+    assert nft.contains(online.ip), "the reload lost the internet element"
+    checks.check_internet_works(online, net)
+    _egress_works(listed, net)  # chain, sets and map element restored; dnsmasq refills the set
+    checks.check_no_internet(offline, net, nft)
+    assert checks.sweep(listed, [f"{net.wan_ip}:80", f"{net.other_web_ip}:80"]) == set(), "beyond its list"
+    checks.check_isolated(online, offline)
+    checks.check_no_lan(online, net)
+
+    state._restart_dnsmasq()  # what the role's handler does, by the runtime's code
+    _egress_works(listed, net)
+    checks.check_internet_works(online, net)
+    checks.check_no_internet(offline, net, nft)
+
+    # toggled off before a reload: stays off after it
+    online.sb.set_internet(False)
+    _reload_tables(settings)
+    checks.check_no_internet(online, net, nft)
+
+
+def test_SBX_LIFE_05_destroy_forgets_the_network_state(
+    make: Factory, net: SimNet, settings: Settings
+) -> None:
+    t = make(internet=True, egress=[net.dns_name, "192.0.2.0/24"])
+    files = [settings.net_state_dir / f"{t.id}.{ext}" for ext in ("json", "nft")]
+    assert all(f.exists() for f in files)
+    conf = Path(settings.dnsmasq_conf_dir) / "sandbox_rt-egress.conf"
+    assert f"egress_{t.id[4:]}_dns" in conf.read_text()
+    t.sb.destroy()
+    assert not any(f.exists() for f in files)
+    assert f"egress_{t.id[4:]}" not in conf.read_text()
+    table = subprocess.run(
+        ["nft", "list", "table", "inet", settings.nft_table], capture_output=True, text=True, check=True
+    ).stdout
+    assert f"egress_{t.id[4:]}" not in table
+    for name in (settings.nft_internet_set, "egress_sources", "dns_clients"):
+        listed = subprocess.run(
+            ["nft", "list", "set" if name != "egress_sources" else "map", "inet", settings.nft_table, name],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert t.ip not in listed, f"{t.ip} is still in {name}"

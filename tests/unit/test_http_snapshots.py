@@ -1,0 +1,75 @@
+"""The HTTP API's snapshot route and ``from_snapshot`` in create (fake manager, real server)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+from test_http_api import AUTH, TOKEN, FakeManager
+
+from sandbox_rt import ConfigError, SandboxNotFound, SnapshotInfo, SnapshotNotFound
+from sandbox_rt.http_api import ApiServer
+from sandbox_rt.validation import check_snapshot_name
+
+
+class SnapshotManager(FakeManager):
+    def __init__(self) -> None:
+        super().__init__()
+        self.snapshots: dict[str, SnapshotInfo] = {}
+
+    def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
+        check_snapshot_name(name)
+        if sandbox_id not in self.boxes:
+            raise SandboxNotFound(sandbox_id)
+        if name in self.snapshots:
+            raise ConfigError(f"a snapshot named {name!r} exists already")
+        self.snapshots[name] = SnapshotInfo(name, sandbox_id, time.time(), "fake", 4096)
+        return self.snapshots[name]
+
+    def create(self, **kwargs: Any) -> Any:
+        name = kwargs.get("from_snapshot")
+        if name is not None and name not in self.snapshots:
+            raise SnapshotNotFound(name)
+        return super().create(**kwargs)
+
+
+@pytest.fixture
+def mgr() -> SnapshotManager:
+    return SnapshotManager()
+
+
+@pytest.fixture
+def url(mgr: SnapshotManager) -> Iterator[str]:
+    with ApiServer(mgr, token=TOKEN, port=0) as srv:  # type: ignore[arg-type]
+        yield srv.url
+
+
+def test_snapshot_then_fork(url: str, mgr: SnapshotManager) -> None:
+    sid = requests.post(f"{url}/v1/sandboxes", json={}, headers=AUTH, timeout=10).json()["id"]
+    r = requests.post(
+        f"{url}/v1/sandboxes/{sid}/snapshots", json={"name": "base_env"}, headers=AUTH, timeout=10
+    )
+    assert r.status_code == 201, r.text
+    assert r.json()["name"] == "base_env" and r.json()["source_id"] == sid and r.json()["size_bytes"] == 4096
+    r = requests.post(f"{url}/v1/sandboxes", json={"from_snapshot": "base_env"}, headers=AUTH, timeout=10)
+    assert r.status_code == 201 and r.json()["id"] != sid
+    assert mgr.created[-1]["from_snapshot"] == "base_env"
+
+
+def test_snapshot_errors(url: str, mgr: SnapshotManager) -> None:
+    sid = requests.post(f"{url}/v1/sandboxes", json={}, headers=AUTH, timeout=10).json()["id"]
+    snaps = f"{url}/v1/sandboxes/{sid}/snapshots"
+    for body, status in (({}, 400), ({"name": 7}, 400), ({"name": "bad name"}, 400), ({"x": "ab"}, 400)):
+        r = requests.post(snaps, json=body, headers=AUTH, timeout=10)
+        assert r.status_code == status, (body, r.text)
+    r = requests.post(
+        f"{url}/v1/sandboxes/sbx-0000000000/snapshots", json={"name": "ab"}, headers=AUTH, timeout=10
+    )
+    assert r.status_code == 404
+    r = requests.post(f"{url}/v1/sandboxes", json={"from_snapshot": "nosuch"}, headers=AUTH, timeout=10)
+    assert (r.status_code, r.json()["error"]["type"]) == (404, "SnapshotNotFound"), r.text
+    assert requests.post(snaps, json={"name": "ab"}, timeout=10).status_code == 401
+    assert mgr.snapshots == {}

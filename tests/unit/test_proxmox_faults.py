@@ -1,0 +1,140 @@
+"""The Proxmox backend's fault handling, fast: against the PVE API test server's memory engine.
+
+Task timeout (a hung task is stopped), the lock retry budget, retried 502/503/504, and the
+create marker a failed removal leaves for gc. The same faults on real LXC, through the Manager,
+are in tests/integration/runtime/test_pve_reliability.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proxmoxer import ProxmoxAPI
+from proxmoxer.tools import Tasks
+
+from sandbox_rt import BackendError, Settings
+from sandbox_rt.backends.proxmox import ProxmoxBackend
+from sandbox_rt.models import SandboxSpec
+from tests.pve_server import PVETestServer
+
+NODE = "pve"
+TEMPLATE = 9000
+TIMEOUT = 1.0
+
+
+@pytest.fixture
+def server() -> Iterator[PVETestServer]:
+    with PVETestServer() as srv:
+        tokenid, secret = srv.root_token
+        user, name = tokenid.split("!")
+        root = ProxmoxAPI(
+            srv.host,
+            port=srv.port,
+            user=user,
+            token_name=name,
+            token_value=secret,
+            verify_ssl=str(srv.ca_file),
+        )
+        root.pools.post(poolid="sandbox-pool")
+        upid = root.nodes(NODE).lxc.post(
+            vmid=TEMPLATE,
+            ostemplate="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
+            storage="local-lvm",
+            pool="sandbox-pool",
+            net0="name=eth0,bridge=vmbr1,ip=dhcp",
+        )
+        assert Tasks.blocking_status(root, upid, timeout=10, polling_interval=0.02)["exitstatus"] == "OK"
+        root.nodes(NODE).lxc(TEMPLATE).template.post()
+        yield srv
+        srv.faults.clear()
+
+
+@pytest.fixture
+def backend(server: PVETestServer, tmp_path: Path) -> ProxmoxBackend:
+    tokenid, secret = server.root_token
+    settings = Settings(
+        backend="proxmox",
+        pve_url=f"https://{server.host}:{server.port}",
+        pve_token_id=tokenid,
+        pve_token_secret=secret,
+        pve_verify=str(server.ca_file),
+        pve_template_vmid=TEMPLATE,
+        pve_task_timeout_s=TIMEOUT,
+        state_dir=tmp_path,
+    )
+    return ProxmoxBackend(settings)
+
+
+def _cts(server: PVETestServer) -> set[str]:
+    with server.state.lock:
+        return set(server.state.cts)
+
+
+def _clone(backend: ProxmoxBackend, sandbox_id: str = "sbx-0000000001") -> Any:
+    """The create steps as the Manager runs them: a failure destroys what was made."""
+    backend.begin(sandbox_id)
+    try:
+        return backend.clone(sandbox_id, SandboxSpec())
+    except BaseException:
+        backend.destroy(sandbox_id)
+        raise
+    finally:
+        backend.end(sandbox_id)
+
+
+def test_task_timeout_comes_from_the_settings(backend: ProxmoxBackend) -> None:
+    assert backend.task_timeout_s == TIMEOUT
+    with pytest.raises(ValueError, match="pve_task_timeout_s"):
+        dataclasses.replace(backend.settings, pve_task_timeout_s=0)
+
+
+def test_a_hung_task_is_stopped_after_the_timeout(backend: ProxmoxBackend, server: PVETestServer) -> None:
+    before = _cts(server)
+    server.faults.slow_tasks(600, types=["vzclone"], count=1)
+    t0 = time.monotonic()
+    with pytest.raises(BackendError) as err:
+        _clone(backend)
+    assert TIMEOUT <= time.monotonic() - t0 < TIMEOUT + 3
+    assert err.value.step == "clone" and "was stopped" in str(err.value)
+    assert "clone failed: received interrupt" in str(err.value)  # the log: PVE ran its cleanup
+    assert _cts(server) == before  # the stopped clone removed its CT
+
+
+def test_the_lock_retry_budget_is_the_task_timeout(backend: ProxmoxBackend, server: PVETestServer) -> None:
+    before = _cts(server)
+    server.faults.inject_lock(count=10_000, lock="backup")  # config writes: the clone's is first
+    t0 = time.monotonic()
+    with pytest.raises(BackendError, match=r"CT is locked \(backup\) - still locked after \d+ attempts"):
+        _clone(backend)
+    assert TIMEOUT - 0.5 < time.monotonic() - t0 < TIMEOUT + 2
+    assert _cts(server) == before
+
+
+def test_503_is_retried_then_a_clear_error(backend: ProxmoxBackend, server: PVETestServer) -> None:
+    server.faults.http_error(503, "Service Unavailable", method="GET", path="/cluster/nextid$", count=2)
+    assert backend.list() == []
+    backend.destroy(_clone(backend).id)  # two 503s: retried
+    server.faults.http_error(503, "Service Unavailable", method="GET", path="/cluster/nextid$", count=3)
+    with pytest.raises(BackendError, match=r"503 Service Unavailable \(3 attempts\): the PVE API at"):
+        _clone(backend)
+
+
+def test_a_failed_removal_keeps_the_marker_for_gc(backend: ProxmoxBackend, server: PVETestServer) -> None:
+    record = _clone(backend)
+    server.faults.http_error(503, "Service Unavailable", count=None)
+    backend.begin(record.id)  # as during a create whose cleanup fails
+    with pytest.raises(BackendError):
+        backend.destroy(record.id)
+    backend.end(record.id)
+    assert [p.stem for p in backend.intents.glob("*.json")] == [record.id]  # abandoned, kept
+    server.faults.clear()
+    candidates = backend.gc_candidates(now=time.time(), dead_owners=False)
+    assert [(c.sandbox_id, c.reason) for c in candidates] == [(record.id, "removal failed earlier")]
+    assert backend.destroy(record.id)
+    assert not list(backend.intents.glob("*.json"))
+    assert backend.list() == []
