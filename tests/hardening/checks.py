@@ -825,13 +825,21 @@ def check_fork_bomb_contained(t: Target, limit: int) -> None:
     pids = cgroup_dir(t.id, "pids") / "pids.current"
     host_forks: list[float] = []
     with Sampler(lambda: int(pids.read_text())) as sampled:
-        # bounded: the trailing sleep keeps timeout's process group alive, so after 10 s timeout
-        # KILLs the whole group, every bomb process with it (they all share its pgid)
+        # bounded: the bomb's first bash returns at once and its children outlive any `timeout`,
+        # so it runs in a session of its own, KILLed as one group (atomic against fork) after
+        # 10 s; the shell then polls with builtins until the group is reaped
         bomb = threading.Thread(
-            target=lambda: t.sb.exec("timeout -s KILL 10 bash -c ':(){ :|:& };:; sleep 30'", timeout=60)
+            target=lambda: t.sb.exec(
+                "sleep 10 & timer=$!; setsid bash -c ':(){ :|:& };:' & bomb=$!; wait $timer; "
+                "kill -KILL -- -$bomb; while kill -0 -- -$bomb 2>/dev/null; do :; done",
+                timeout=60,
+            )
         )
         bomb.start()
-        time.sleep(3)  # the bomb is at its limit by now
+        deadline = time.monotonic() + 8
+        while _events(t, "pids", "pids.events", "pids.events", "max") == fired_before:
+            assert time.monotonic() < deadline, "precondition: the bomb reached the pids limit"
+            time.sleep(0.05)
         for _ in range(20):  # the host still forks, at once
             t0 = time.monotonic()
             assert subprocess.run(["/bin/true"], check=False).returncode == 0
