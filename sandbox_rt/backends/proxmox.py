@@ -46,6 +46,7 @@ from ..errors import BackendError, ConfigError, PermissionDenied, SandboxNotFoun
 from ..ipam import mac_for_ip
 from ..models import ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
 from ..validation import split_egress
+from . import vmids
 from .base import GcCandidate
 from .intents import CreateMarkers
 from .owner import owner_alive, process_start_time
@@ -60,6 +61,7 @@ EGRESS_COMMENT = "sandbox-rt egress"
 T = TypeVar("T")
 _LOCKED = re.compile(r"is locked|got timeout|can't lock file", re.I)
 _EXISTS = re.compile(r"already exists", re.I)
+_CLONE_ATTEMPTS = 12  # VMIDs tried per clone (each lost race spreads the next pick wider)
 
 
 def _bool(value: bool) -> int:
@@ -337,32 +339,40 @@ class ProxmoxBackend:
             backend=self.name,
         )
         vmid = 0
-        for _attempt in range(8):
-            vmid = int(self._call("clone", lambda: self.api.cluster.nextid.get()))
-            self.markers.write(sandbox_id, vmid=vmid)
-            try:
-                upid = self._retrying(
-                    "clone",
-                    lambda v=vmid: template.clone.post(  # type: ignore[misc]
-                        newid=v,
-                        hostname=hostname,
-                        pool=self.settings.pve_pool or None,
-                        full=_bool(snapshot is not None),
-                        snapname=snapshot[2] if snapshot else None,
-                        description=self._record_line(draft),
-                    ),
-                )
-                # the CT is invisible to the token until its clone task puts it in the pool:
-                # a gc after our death waits for this task before looking for the CT
-                self.markers.write(sandbox_id, vmid=vmid, upid=str(upid))
-                self._wait(str(upid), "clone")
-                break
-            except BackendError as exc:
-                if _EXISTS.search(str(exc)):
-                    continue  # another caller took this VMID between nextid and clone
-                raise
+        collisions = 0
+        for _attempt in range(_CLONE_ATTEMPTS):
+            with vmids.allocating(self.settings.pve_url):
+                lowest_free = int(self._call("clone", lambda: self.api.cluster.nextid.get()))
+                vmid = vmids.candidate(lowest_free, collisions)
+                self.markers.write(sandbox_id, vmid=vmid)
+                try:
+                    upid = self._retrying(
+                        "clone",
+                        lambda v=vmid: template.clone.post(  # type: ignore[misc]
+                            newid=v,
+                            hostname=hostname,
+                            pool=self.settings.pve_pool or None,
+                            full=_bool(snapshot is not None),
+                            snapname=snapshot[2] if snapshot else None,
+                            description=self._record_line(draft),
+                        ),
+                    )
+                except BackendError as exc:
+                    if _EXISTS.search(str(exc)):
+                        collisions += 1
+                        continue  # another process took this VMID between nextid and clone
+                    raise
+            # the CT is invisible to the token until its clone task puts it in the pool:
+            # a gc after our death waits for this task before looking for the CT
+            self.markers.write(sandbox_id, vmid=vmid, upid=str(upid))
+            self._wait(str(upid), "clone")
+            break
         else:
-            raise BackendError("no free VMID after 8 attempts (nextid keeps colliding)", step="clone")
+            raise BackendError(
+                f"no free VMID after {_CLONE_ATTEMPTS} attempts (nextid keeps colliding with other "
+                "callers' clones)",
+                step="clone",
+            )
 
         with self._address_lock():
             ip = self._pick_address(vmid, self._addresses_in_use())

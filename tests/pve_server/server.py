@@ -10,9 +10,11 @@ Admin API (root@pam tokens only), outside ``/api2``: ``GET|POST|DELETE /_test/fa
 
 from __future__ import annotations
 
+import collections
 import ipaddress
 import json
 import os
+import re
 import socket
 import socketserver
 import ssl
@@ -126,6 +128,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.headers.get("Content-Type"),
                 self.headers.get("Authorization"),
             )
+            app.count_request(self.command, url.path, resp.status, resp.reason)
         self._send(resp)
 
     do_GET = do_POST = do_PUT = do_DELETE = _dispatch
@@ -169,6 +172,26 @@ class PVETestServer:
         self._secret = ""
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._served: collections.Counter[tuple[str, str, int, str]] = collections.Counter()
+        self._served_lock = threading.Lock()
+
+    # --- requests served ----------------------------------------------------------------------
+    def count_request(self, method: str, path: str, status: int, reason: str) -> None:
+        with self._served_lock:
+            self._served[(method, path, status, reason)] += 1
+
+    def requests_served(self, method: str, path_pattern: str, reason_pattern: str = "") -> int:
+        """How many API requests ``method`` on a path matching ``path_pattern`` were answered with
+        a status line matching ``reason_pattern`` (regexes, searched; PVE puts an error's message
+        in the reason phrase, e.g. ``CT 101 already exists on node 'pve'``)."""
+        with self._served_lock:
+            return sum(
+                n
+                for (m, path, code, reason), n in self._served.items()
+                if m == method
+                and re.search(path_pattern, path)
+                and re.search(reason_pattern, f"{code} {reason}")
+            )
 
     # --- lifecycle --------------------------------------------------------------------------
     def start(self) -> PVETestServer:
