@@ -24,6 +24,7 @@ import builtins
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import ipaddress
 import json
 import os
@@ -338,30 +339,35 @@ class ProxmoxBackend:
             owner_host=socket.gethostname(),
             backend=self.name,
         )
+        template_vmid = snapshot[1] if snapshot else self.settings.pve_template_vmid
+
+        def request_clone(collisions: int) -> tuple[int, Any]:
+            # this process's callers take turns from nextid to the accepted request; a locked
+            # template is waited for outside the turn (_retrying's back-off)
+            with vmids.allocating(self.settings.pve_url):
+                vmid = vmids.candidate(int(self.api.cluster.nextid.get()), collisions)
+                self.markers.write(sandbox_id, vmid=vmid)
+                return vmid, template.clone.post(
+                    newid=vmid,
+                    hostname=hostname,
+                    pool=self.settings.pve_pool or None,
+                    full=_bool(snapshot is not None),
+                    snapname=snapshot[2] if snapshot else None,
+                    description=self._record_line(draft),
+                )
+
         vmid = 0
         collisions = 0
         for _attempt in range(_CLONE_ATTEMPTS):
-            with vmids.allocating(self.settings.pve_url):
-                lowest_free = int(self._call("clone", lambda: self.api.cluster.nextid.get()))
-                vmid = vmids.candidate(lowest_free, collisions)
-                self.markers.write(sandbox_id, vmid=vmid)
-                try:
-                    upid = self._retrying(
-                        "clone",
-                        lambda v=vmid: template.clone.post(  # type: ignore[misc]
-                            newid=v,
-                            hostname=hostname,
-                            pool=self.settings.pve_pool or None,
-                            full=_bool(snapshot is not None),
-                            snapname=snapshot[2] if snapshot else None,
-                            description=self._record_line(draft),
-                        ),
-                    )
-                except BackendError as exc:
-                    if _EXISTS.search(str(exc)):
-                        collisions += 1
-                        continue  # another process took this VMID between nextid and clone
-                    raise
+            try:
+                vmid, upid = self._retrying(
+                    "clone", functools.partial(request_clone, collisions), vmid=template_vmid
+                )
+            except BackendError as exc:
+                if _EXISTS.search(str(exc)):
+                    collisions += 1
+                    continue  # another process took this VMID between nextid and clone
+                raise
             # the CT is invisible to the token until its clone task puts it in the pool:
             # a gc after our death waits for this task before looking for the CT
             self.markers.write(sandbox_id, vmid=vmid, upid=str(upid))

@@ -167,3 +167,22 @@ def test_after_a_lost_race_the_next_pick_spreads_out() -> None:
     assert vmids.spread(1) == 2 and vmids.spread(3) == 8 and vmids.spread(40) == vmids.SPREAD_MAX
     picks = {vmids.candidate(100, 5) for _ in range(500)}
     assert min(picks) >= 100 and max(picks) < 100 + vmids.spread(5) and len(picks) > 8
+
+
+def test_a_locked_template_is_waited_for_outside_the_turn(
+    backend: ProxmoxBackend, server: PVETestServer
+) -> None:
+    """8 threads facing a template that stays locked each fail after their own budget (about 1 s
+    all together), not one after another (8 s): the back-off does not hold the VMID turn."""
+    before = _cts(server)
+    with server.state.lock:  # as while a backup of the template runs
+        server.state.ct(TEMPLATE)["config"]["lock"] = "backup"
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        futures = [ex.submit(_clone, backend, f"sbx-{n:010d}") for n in range(1, 9)]
+        errors = [f.exception(timeout=60) for f in futures]
+    assert time.monotonic() - t0 < TIMEOUT * 3
+    assert all(isinstance(e, BackendError) and e.step == "clone" for e in errors), errors
+    assert all("CT is locked (backup) - still locked after" in str(e) for e in errors), errors
+    assert f"pct unlock {TEMPLATE}" in str(errors[0])  # names the CT that is locked: the template
+    assert _cts(server) == before
