@@ -8,13 +8,12 @@ inside the lock, so a crashed caller leaks nothing: its address is free once its
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import BackendError
+from .filelock import file_lock
 
 __all__ = ["IpPool", "mac_for_ip"]
 
@@ -35,15 +34,8 @@ class IpPool:
         self.reserved |= {int(ipaddress.IPv4Address(a)) for a in reserved or set()}
         self.lock_path = lock_path
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing releases the flock
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self.lock_path)
 
     def allocate(self, in_use: Callable[[], set[str]], commit: Callable[[str], None]) -> str:
         """Pick the lowest free address and ``commit`` it (e.g. write it into a config) under the lock."""

@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import ipaddress
 import json
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from .config import Settings
 from .errors import BackendError
+from .filelock import file_lock
+from .network import run_nft
 from .validation import split_egress
 
 __all__ = ["DNS_CLIENTS_SET", "EGRESS_MAP", "NetState", "SandboxNet"]
@@ -76,17 +76,7 @@ class NetState:
 
     # -- nft -------------------------------------------------------------------------------------
     def _nft(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        try:
-            proc = subprocess.run(["nft", *args], capture_output=True, text=True, timeout=15)
-        except FileNotFoundError as exc:
-            raise BackendError("the nft tool is not installed (run site.yml)", step="network") from exc
-        if check and proc.returncode != 0:
-            raise BackendError(
-                f"nft {' '.join(args)} failed (is table {self.family} {self.table} loaded? run site.yml)",
-                step="network",
-                detail=proc.stderr,
-            )
-        return proc
+        return run_nft(*args, table=f"{self.family} {self.table}", step="network", check=check, timeout=15)
 
     def fragment(self, net: SandboxNet) -> str:
         """The nft commands that (re)create ``net`` in a freshly loaded table (idempotent)."""
@@ -218,12 +208,15 @@ class NetState:
             raise BackendError(f"cannot remove {addr} from {set_name}", step="network", detail=proc.stderr)
 
     def _nft_script(self, script: str) -> subprocess.CompletedProcess[str]:
-        try:
-            return subprocess.run(
-                ["nft", "-f", "-"], input=script, capture_output=True, text=True, timeout=15
-            )
-        except FileNotFoundError as exc:
-            raise BackendError("the nft tool is not installed (run site.yml)", step="network") from exc
+        return run_nft(
+            "-f",
+            "-",
+            table=f"{self.family} {self.table}",
+            step="network",
+            check=False,
+            script=script,
+            timeout=15,
+        )
 
     def _remove_egress(self, net: SandboxNet) -> None:
         t = (self.family, self.table)
@@ -248,12 +241,9 @@ class NetState:
         lines += [f"nftset=/{name}/{','.join(sets)}" for name, sets in sorted(by_domain.items())]
         return "\n".join(lines) + "\n"
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
         self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        with open(self.dir / ".lock", "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            yield
+        return file_lock(self.dir / ".lock")
 
     def sync_dnsmasq(self) -> bool:
         """Rewrite dnsmasq's egress file from all sandboxes' state; restart dnsmasq if it changed.

@@ -8,7 +8,30 @@ import subprocess
 
 from .errors import BackendError
 
-__all__ = ["NftInternetSet"]
+__all__ = ["NftInternetSet", "run_nft"]
+
+
+def run_nft(
+    *args: str,
+    table: str,
+    step: str,
+    check: bool = True,
+    script: str | None = None,
+    timeout: float = 10,
+) -> subprocess.CompletedProcess[str]:
+    """``nft args...`` (``script`` on stdin, for ``-f -``); a missing tool, or with ``check`` a
+    failure, is a ``BackendError`` of ``step`` that names ``table`` (``<family> <name>``)."""
+    try:
+        proc = subprocess.run(["nft", *args], input=script, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError as exc:
+        raise BackendError("the nft tool is not installed (run site.yml)", step=step) from exc
+    if check and proc.returncode != 0:
+        raise BackendError(
+            f"nft {' '.join(args)} failed (is table {table} loaded? run site.yml)",
+            step=step,
+            detail=proc.stderr,
+        )
+    return proc
 
 
 class NftInternetSet:
@@ -22,17 +45,7 @@ class NftInternetSet:
         self.set_name = set_name
 
     def _nft(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        try:
-            proc = subprocess.run(["nft", *args], capture_output=True, text=True, timeout=10)
-        except FileNotFoundError as exc:
-            raise BackendError("the nft tool is not installed (run site.yml)", step="internet") from exc
-        if check and proc.returncode != 0:
-            raise BackendError(
-                f"nft {' '.join(args)} failed (is table {self.family} {self.table} loaded? run site.yml)",
-                step="internet",
-                detail=proc.stderr,
-            )
-        return proc
+        return run_nft(*args, table=f"{self.family} {self.table}", step="internet", check=check)
 
     def add(self, ip: str) -> None:
         addr = ipaddress.IPv4Address(ip)

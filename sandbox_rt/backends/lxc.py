@@ -21,7 +21,6 @@ import builtins
 import contextlib
 import dataclasses
 import errno
-import fcntl
 import ipaddress
 import json
 import os
@@ -30,7 +29,6 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..config import Settings
 from ..errors import BackendError, ConfigError, SandboxNotFound, SnapshotNotFound
+from ..filelock import file_lock
 from ..ipam import IpPool, mac_for_ip
 from ..models import ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
 from ..netstate import NetState, SandboxNet
@@ -652,16 +651,9 @@ class LxcBackend:
     def _snapshot_dir(self, name: str) -> Path:
         return self.path / f"{SNAPSHOT_PREFIX}{name}"
 
-    @contextlib.contextmanager
-    def _snapshot_lock(self, *, exclusive: bool) -> Iterator[None]:
+    def _snapshot_lock(self, *, exclusive: bool) -> contextlib.AbstractContextManager[None]:
         """Forks read a snapshot under a shared lock, a delete takes it exclusively."""
-        self.runtime_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.runtime_dir / "snapshots.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            yield
-        finally:
-            os.close(fd)
+        return file_lock(self.runtime_dir / "snapshots.lock", exclusive=exclusive)
 
     def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
         """Copy the sandbox's overlay delta (frozen meanwhile, so files are consistent) into

@@ -23,7 +23,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
-import fcntl
 import functools
 import ipaddress
 import json
@@ -44,6 +43,7 @@ from proxmoxer.tools import Tasks
 
 from ..config import Settings
 from ..errors import BackendError, ConfigError, PermissionDenied, SandboxNotFound, SnapshotNotFound
+from ..filelock import file_lock
 from ..ipam import mac_for_ip
 from ..models import ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
 from ..validation import split_egress
@@ -268,15 +268,8 @@ class ProxmoxBackend:
                     used.add(tag[3:])
         return used
 
-    @contextlib.contextmanager
-    def _address_lock(self) -> Iterator[None]:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.state_dir / "ipam.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+    def _address_lock(self) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self.state_dir / "ipam.lock")
 
     def _pick_address(self, vmid: int, used: set[str]) -> str:
         start = int(ipaddress.IPv4Address(self.settings.ip_pool_start))
@@ -685,16 +678,9 @@ class ProxmoxBackend:
     # A snapshot is a PVE snapshot of the sandbox's CT (``POST .../snapshot``, VM.Snapshot): it
     # belongs to that CT and goes when the CT is destroyed (destroy, TTL, gc). A fork is a full
     # clone of it (``POST .../clone`` with ``snapname``), independent of the source and the snapshot.
-    @contextlib.contextmanager
-    def _snapshot_lock(self) -> Iterator[None]:
+    def _snapshot_lock(self) -> contextlib.AbstractContextManager[None]:
         """Snapshot names are unique across the sandboxes: one naming at a time from this host."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.state_dir / "snapshots.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        return file_lock(self.state_dir / "snapshots.lock")
 
     def _snapshots(self) -> Iterator[tuple[str, int, str, dict[str, Any]]]:
         """(node, vmid, sandbox id, PVE's snapshot entry) of every snapshot of our CTs."""
