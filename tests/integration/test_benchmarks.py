@@ -23,6 +23,7 @@ from sandbox_rt import Manager, Settings
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.root,
+    # CI runs as root (it provisions the host first), so this never skips there
     pytest.mark.skipif(os.geteuid() != 0, reason="starts containers: needs root"),
 ]
 

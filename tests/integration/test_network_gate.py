@@ -20,6 +20,7 @@ import yaml
 
 from tests.integration.provision_helpers import REPO, run_playbook
 
+# CI runs as root (it provisions the host first), so this never skips there
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (nft -c)")
 
 ROLE = REPO / "roles" / "sandbox_network"

@@ -47,13 +47,6 @@ class Env:
     base: Settings
 
 
-def _api(srv: PVETestServer, tokenid: str, secret: str) -> ProxmoxAPI:
-    user, name = tokenid.split("!")
-    return ProxmoxAPI(
-        srv.host, port=srv.port, user=user, token_name=name, token_value=secret, verify_ssl=str(srv.ca_file)
-    )
-
-
 def _wait(api: ProxmoxAPI, upid: str) -> None:
     status = Tasks.blocking_status(api, upid, timeout=30, polling_interval=0.05)
     assert status is not None and status["exitstatus"] == "OK", status
@@ -64,7 +57,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     """A memory-engine test server with the pool and a CT template in it (as template_build leaves it)."""
     tmp = tmp_path_factory.mktemp("least-privilege")
     with PVETestServer(engine=MemoryEngine(), state_file=tmp / "state.json", tls_dir=tmp / "tls") as srv:
-        root = _api(srv, *srv.root_token)
+        root = srv.client()
         root.pools.post(poolid=POOL)
         _wait(
             root,

@@ -22,7 +22,6 @@ from typing import Any
 
 import paramiko
 import pytest
-from proxmoxer import ProxmoxAPI
 from proxmoxer.tools import Tasks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.pve_server
@@ -140,11 +139,7 @@ def lxc_server() -> Iterator[tuple[PVETestServer, LxcEngine, list[int]]]:
 
 def test_clone_start_reachable_then_destroyed(lxc_server: tuple[PVETestServer, LxcEngine, list[int]]) -> None:
     srv, engine, made = lxc_server
-    tokenid, secret = srv.root_token
-    user, name = tokenid.split("!")
-    api = ProxmoxAPI(
-        srv.host, port=srv.port, user=user, token_name=name, token_value=secret, verify_ssl=str(srv.ca_file)
-    )
+    api = srv.client()
     base = random.randint(990000, 998000)
     template_id, vmid = base, base + 1
     bridge, gw = SETTINGS["bridge"], SETTINGS["gateway"]

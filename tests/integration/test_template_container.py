@@ -20,6 +20,7 @@ from tests.integration.provision_helpers import DNSMASQ_LEASES, Clone, ensure_pr
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.root,
+    # CI runs as root (it provisions the host first), so this never skips there
     pytest.mark.skipif(os.geteuid() != 0, reason="starts containers: needs root"),
 ]
 

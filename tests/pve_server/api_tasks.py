@@ -20,13 +20,19 @@ def _may_see(call: Call, task: Task) -> bool:
     return call.acl.check(call.authid, f"/nodes/{task.node}", ["Sys.Audit"], noerr=True)
 
 
-def _task(call: Call) -> Task:
+def _find_task(call: Call) -> Task:
+    """The task the ``upid`` parameter names, on this node (no permission check)."""
     upid = str(call.params["upid"])
     if not UPID_RE.match(upid):
         raise param_error({"upid": "unable to parse worker upid"})
     task = call.tasks.get(upid)
     if task is None or task.node != call.node:
         raise param_error({"upid": "no such task"})
+    return task
+
+
+def _task(call: Call) -> Task:
+    task = _find_task(call)
     if not _may_see(call, task):
         with call.state.lock:
             call.acl.check(call.authid, f"/nodes/{call.node}", ["Sys.Audit"])
@@ -89,13 +95,8 @@ def read_task_log(call: Call) -> list[dict[str, Any]]:
 def stop_task(call: Call) -> None:
     """PVE's stop_task: the task's owner, or Sys.Modify on the node. The task ends at its next
     fault point with ``received interrupt`` (after its own cleanup); a finished task is left."""
-    upid = str(call.params["upid"])
-    if not UPID_RE.match(upid):
-        raise param_error({"upid": "unable to parse worker upid"})
-    task = call.tasks.get(upid)
-    if task is None or task.node != call.node:
-        raise param_error({"upid": "no such task"})
+    task = _find_task(call)
     if call.authid != task.user:
         with call.state.lock:
             call.acl.check(call.authid, f"/nodes/{call.node}", ["Sys.Modify"])
-    call.tasks.stop(upid)
+    call.tasks.stop(task.upid)

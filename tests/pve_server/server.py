@@ -175,6 +175,24 @@ class PVETestServer:
         self._served: collections.Counter[tuple[str, str, int, str]] = collections.Counter()
         self._served_lock = threading.Lock()
 
+    def client(self, tokenid: str | None = None, secret: str | None = None, **options: Any) -> Any:
+        """proxmoxer on this server as ``tokenid`` (default: the root token), TLS verified against
+        the server's CA (never ``verify_ssl=False``); ``options`` go to ``ProxmoxAPI`` (timeout)."""
+        from proxmoxer import ProxmoxAPI
+
+        if tokenid is None:
+            tokenid, secret = self.root_token
+        user, name = tokenid.split("!")
+        return ProxmoxAPI(
+            self.host,
+            port=self.port,
+            user=user,
+            token_name=name,
+            token_value=secret,
+            verify_ssl=str(self.ca_file),
+            **options,
+        )
+
     # --- requests served ----------------------------------------------------------------------
     def count_request(self, method: str, path: str, status: int, reason: str) -> None:
         with self._served_lock:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proxmoxer import ProxmoxAPI
 from proxmoxer.tools import Tasks
 
 from sandbox_rt import BackendError, Settings
@@ -32,16 +31,7 @@ TIMEOUT = 1.0
 @pytest.fixture
 def server() -> Iterator[PVETestServer]:
     with PVETestServer() as srv:
-        tokenid, secret = srv.root_token
-        user, name = tokenid.split("!")
-        root = ProxmoxAPI(
-            srv.host,
-            port=srv.port,
-            user=user,
-            token_name=name,
-            token_value=secret,
-            verify_ssl=str(srv.ca_file),
-        )
+        root = srv.client()
         root.pools.post(poolid="sandbox-pool")
         upid = root.nodes(NODE).lxc.post(
             vmid=TEMPLATE,

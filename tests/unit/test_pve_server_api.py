@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import requests
-from proxmoxer import ProxmoxAPI, ResourceException
+from proxmoxer import ResourceException
 from proxmoxer.tools import Tasks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.pve_server
@@ -31,18 +31,7 @@ def server() -> Iterator[PVETestServer]:
 
 def client(srv: PVETestServer, tokenid: str | None = None, secret: str | None = None) -> Any:
     """proxmoxer on the server, TLS verified against the server's CA (never verify_ssl=False)."""
-    if tokenid is None:
-        tokenid, secret = srv.root_token
-    user, name = tokenid.split("!")
-    return ProxmoxAPI(
-        srv.host,
-        port=srv.port,
-        user=user,
-        token_name=name,
-        token_value=secret,
-        verify_ssl=str(srv.ca_file),
-        timeout=10,
-    )
+    return srv.client(tokenid, secret, timeout=10)
 
 
 @pytest.fixture

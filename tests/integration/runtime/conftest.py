@@ -69,6 +69,16 @@ def pve_env(settings: Settings) -> Iterator[tuple[Settings, PVETestServer | None
             yield env
 
 
+@pytest.fixture
+def srv(pve_env: tuple[Settings, PVETestServer | None]) -> Iterator[PVETestServer]:
+    """The PVE API test server behind ``pve_manager``, its fault switches cleared afterwards."""
+    server = pve_env[1]
+    if server is None:  # pointed at a real PVE: faults cannot be injected there
+        pytest.skip("fault injection needs the PVE API test server")
+    yield server
+    server.faults.clear()
+
+
 @pytest.fixture(scope="session")
 def pve_manager(settings: Settings, pve_env: tuple[Settings, PVETestServer | None]) -> Iterator[Manager]:
     mgr = Manager(pve_env[0], ssh_key=settings.ssh_key)

@@ -59,16 +59,7 @@ def pve_test_server(base: Settings, state_dir: Path) -> Iterator[tuple[Settings,
     srv = PVETestServer(engine=engine, first_vmid=10_000 + 1000 * session).start()
     made: list[int] = []
     try:
-        tokenid, secret = srv.root_token
-        user, name = tokenid.split("!")
-        root = ProxmoxAPI(
-            srv.host,
-            port=srv.port,
-            user=user,
-            token_name=name,
-            token_value=secret,
-            verify_ssl=str(srv.ca_file),
-        )
+        root = srv.client()
         root.pools.post(poolid=POOL)
         root.access.roles.post(roleid=ROLE, privs=",".join(PRIVILEGES))
         root.access.users.post(userid=USER)

@@ -96,7 +96,7 @@ def test_file_errors_are_typed(sandbox: sandbox_rt.Sandbox) -> None:
         ("/etc/hostname/x", errno.ENOTDIR),
         ("/home", errno.EISDIR),
         ("/tmp/a-fifo", errno.EINVAL),  # reading a FIFO would block forever
-        ("/tmp/it's a \"name\"; $(touch /tmp/pwned)", errno.ENOENT),  # quoted, never run
+        ('/tmp/it\'s a "name"; $(touch /tmp/pwned)', errno.ENOENT),  # quoted, never run
     ],
 )
 def test_read_errors_name_the_cause(sandbox: sandbox_rt.Sandbox, path: str, code: int) -> None:

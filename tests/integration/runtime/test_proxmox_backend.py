@@ -4,35 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
 
 import pytest
-from proxmoxer import ProxmoxAPI
 from proxmoxer.tools import Tasks
 
 import sandbox_rt
-from sandbox_rt import BackendError, Manager, PermissionDenied, Settings
+from sandbox_rt import BackendError, Manager, PermissionDenied
 from tests.pve_server import PVETestServer
 
 from .conftest import SESSION_LABEL
 from .pve_env import NODE, POOL, PRIVILEGES, ROLE, TEMPLATE_VMID, create_markers, world
-
-
-@pytest.fixture
-def srv(pve_env: tuple[Settings, PVETestServer | None]) -> Iterator[PVETestServer]:
-    server = pve_env[1]
-    if server is None:  # pointed at a real PVE: faults cannot be injected there
-        pytest.skip("fault injection needs the PVE API test server")
-    yield server
-    server.faults.clear()
-
-
-def _root(srv: PVETestServer) -> ProxmoxAPI:
-    tokenid, secret = srv.root_token
-    user, name = tokenid.split("!")
-    return ProxmoxAPI(
-        srv.host, port=srv.port, user=user, token_name=name, token_value=secret, verify_ssl=str(srv.ca_file)
-    )
 
 
 def _cts(srv: PVETestServer) -> set[int]:
@@ -82,7 +63,7 @@ def test_failing_task_at_each_create_step_leaves_nothing_and_carries_pves_messag
 def test_missing_privilege_is_a_clear_permission_error(
     pve_manager: Manager, srv: PVETestServer, missing: str
 ) -> None:
-    root = _root(srv)
+    root = srv.client()
     role = f"Limited{missing.replace('.', '')}"
     user = f"limited-{missing.replace('.', '').lower()}@pve"
     root.access.roles.post(roleid=role, privs=",".join(p for p in PRIVILEGES if p != missing))
@@ -100,7 +81,7 @@ def test_missing_privilege_is_a_clear_permission_error(
 
 
 def test_gc_removes_expired_and_never_touches_untagged(pve_manager: Manager, srv: PVETestServer) -> None:
-    root = _root(srv)
+    root = srv.client()
     foreign = TEMPLATE_VMID + 500  # a CT of someone else in the same pool, without the sandbox-rt tag
     upid = root.nodes(NODE).lxc(TEMPLATE_VMID).clone.post(newid=foreign, hostname="someone-else", pool=POOL)
     assert Tasks.blocking_status(root, upid, timeout=60, polling_interval=0.05)["exitstatus"] == "OK"
@@ -121,7 +102,7 @@ def test_gc_removes_expired_and_never_touches_untagged(pve_manager: Manager, srv
 
 
 def test_sandboxes_are_tagged_pooled_and_limited(pve_manager: Manager, srv: PVETestServer) -> None:
-    root = _root(srv)
+    root = srv.client()
     with pve_manager.create(labels=SESSION_LABEL, cpus=0.5, memory_mb=384, disk_gb=10) as sb:
         res = next(r for r in root.cluster.resources.get(type="vm") if sb.id in str(r.get("tags")))
         tags = set(str(res["tags"]).split(";"))

@@ -37,15 +37,6 @@ TASK_TIMEOUT_S = 2.0  # pve_task_timeout_s of the fault tests' manager
 
 
 @pytest.fixture
-def srv(pve_env: tuple[Settings, PVETestServer | None]) -> Iterator[PVETestServer]:
-    server = pve_env[1]
-    if server is None:  # pointed at a real PVE: faults cannot be injected there
-        pytest.skip("fault injection needs the PVE API test server")
-    yield server
-    server.faults.clear()
-
-
-@pytest.fixture
 def make_pve(pve_manager: Manager) -> Iterator[Factory]:
     yield from _factory(pve_manager)
 

@@ -297,13 +297,8 @@ def test_pve_snapshot_goes_with_its_sandbox_but_forks_stay(
 
 
 def test_pve_failed_fork_removes_what_it_made(
-    pve_manager: Manager,
-    pve_env: tuple[sandbox_rt.Settings, PVETestServer | None],
-    monkeypatch: pytest.MonkeyPatch,
+    pve_manager: Manager, srv: PVETestServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    srv = pve_env[1]
-    if srv is None:
-        pytest.skip("fault injection needs the PVE test server")
     name = _name()
     src = pve_manager.create(memory_mb=256, labels=SESSION_LABEL)
     try:
