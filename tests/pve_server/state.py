@@ -98,9 +98,13 @@ class State:
             return copy.deepcopy(self.data)
 
     def restore(self, snapshot: dict[str, Any]) -> None:
-        """Roll back to a :meth:`snapshot` (a failed change writes nothing, as in PVE)."""
+        """Roll back to a :meth:`snapshot` (a failed change writes nothing, as in PVE).
+
+        Sections are swapped in whole (one ``update``), never cleared first: a reader that does not
+        hold the lock (token checks) sees the old or the restored section, not an empty state."""
         with self.lock:
-            self.data.clear()
+            for name in [name for name in self.data if name not in snapshot]:
+                del self.data[name]
             self.data.update(snapshot)
 
     # Typed views on the top-level sections (all return live dicts).

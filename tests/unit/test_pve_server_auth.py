@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -148,3 +149,31 @@ def test_path_helpers() -> None:
     assert normalize_path("/vms/a b") is None
     assert template_replace("/pool/{pool}", {}) == "/pool/-"
     assert template_replace("/vms/{vmid}", {"vmid": 100}) == "/vms/100"
+
+
+def test_a_rolled_back_change_never_hides_the_tokens(acl: AccessControl) -> None:
+    """A failed request rolls the state back while other requests authenticate (without the lock):
+    they must see the old or the restored users, never none (it made a CI run's workers 401)."""
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def roll_back_again_and_again() -> None:
+        while not stop.is_set():
+            backup = acl.state.snapshot()
+            acl.state.restore(backup)
+
+    roller = threading.Thread(target=roll_back_again_and_again)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: the window is a few bytecodes
+    roller.start()
+    try:
+        for _ in range(20_000):
+            try:
+                acl.verify_api_token("PVEAPIToken=alice@pve!sep=s1")
+            except PVEError as exc:
+                failures.append(exc.reason)
+    finally:
+        stop.set()
+        roller.join()
+        sys.setswitchinterval(interval)
+    assert failures == []
