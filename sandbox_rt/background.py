@@ -12,22 +12,35 @@ import shlex
 import signal as _signal
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .errors import CommandTimeout, ConfigError, SandboxError
+from .models import ExecResult
 
-if TYPE_CHECKING:
-    from .sandbox import Sandbox
-
-__all__ = ["BackgroundProcess"]
+__all__ = ["BackgroundProcess", "CommandRunner"]
 
 BG_DIR = "$HOME/.sandbox_rt/bg"
+_MAX_NUMBER_DIGITS = 10  # pids and exit codes the sandbox reports are read as at most this many digits
+
+
+class CommandRunner(Protocol):
+    """What a background process needs of its sandbox: run a command and wait (``Sandbox``)."""
+
+    def exec(self, command: str, *, timeout: float | None = None) -> ExecResult: ...
+
+
+def _small_int(text: str) -> int | None:
+    """``text`` as an int if it is a (signed) number of at most 10 digits (sandbox output is hostile)."""
+    digits = text.removeprefix("-")
+    if not digits.isascii() or not digits.isdigit() or len(digits) > _MAX_NUMBER_DIGITS:
+        return None
+    return int(text)
 
 
 class BackgroundProcess:
     """A handle on a command started with ``Sandbox.exec(..., background=True)``."""
 
-    def __init__(self, sandbox: Sandbox, handle: str, pid: int, command: str) -> None:
+    def __init__(self, sandbox: CommandRunner, handle: str, pid: int, command: str) -> None:
         self.sandbox = sandbox
         self.handle = handle
         self.pid = pid
@@ -36,7 +49,7 @@ class BackgroundProcess:
 
     @classmethod
     def start(
-        cls, sandbox: Sandbox, command: str, *, cwd: str | None, env: Mapping[str, str]
+        cls, sandbox: CommandRunner, command: str, *, cwd: str | None, env: Mapping[str, str]
     ) -> BackgroundProcess:
         handle = secrets.token_hex(8)
         base = f"{BG_DIR}/{handle}"
@@ -56,10 +69,11 @@ class BackgroundProcess:
             f"for i in $(seq 200); do [ -e {base}.pid ] && break; sleep 0.01; done; cat {base}.pid"
         )
         r = sandbox.exec(script, timeout=30)
-        text = r.stdout.decode().strip()
-        if r.exit_code != 0 or not text.isdigit():
-            raise SandboxError(f"could not start {command!r} in the background: {r.stderr_text.strip()}")
-        return cls(sandbox, handle, int(text), command)
+        pid = _small_int(r.text.strip())
+        if r.exit_code != 0 or pid is None or pid < 2:
+            why = r.stderr_text.strip()[:500]
+            raise SandboxError(f"could not start {command!r} in the background: {why}")
+        return cls(sandbox, handle, pid, command)
 
     def _path(self, kind: str) -> str:
         return f"{BG_DIR}/{self.handle}.{kind}"
@@ -67,8 +81,7 @@ class BackgroundProcess:
     def exit_code(self) -> int | None:
         """The exit status once the command ended, None while it runs."""
         r = self.sandbox.exec(f"cat {self._path('rc')} 2>/dev/null", timeout=30)
-        text = r.stdout.decode().strip()
-        return int(text) if text.lstrip("-").isdigit() else None
+        return _small_int(r.text.strip())
 
     def is_running(self) -> bool:
         return self.exit_code() is None and (
@@ -90,9 +103,9 @@ class BackgroundProcess:
                 f"cat {rc_path} 2>/dev/null",
                 timeout=left + 10,
             )
-            text = r.stdout.decode().strip()
-            if text.lstrip("-").isdigit():
-                return int(text)
+            code = _small_int(r.text.strip())
+            if code is not None:
+                return code
             if deadline is not None and time.monotonic() >= deadline:
                 out, err = self.logs()
                 raise CommandTimeout(self.command, timeout or 0.0, out, err)

@@ -83,14 +83,13 @@ class PortForward:
                             dst.shutdown(socket.SHUT_WR)
                         open_ends -= 1
                         continue
-                    dst.setblocking(True)
                     try:
+                        dst.setblocking(True)
                         dst.sendall(data)
-                    except OSError:
+                        dst.setblocking(False)
+                    except OSError:  # the peer went away, or close() closed the socket under us
                         open_ends = 0
                         break
-                    finally:
-                        dst.setblocking(False)
         finally:
             sel.close()
             with self._lock:

@@ -25,10 +25,18 @@ class ExecResult:
     stderr: bytes
     exit_code: int
     duration_s: float
+    # bytes the command printed past ``max_output`` on each stream, dropped (not in stdout/stderr)
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
+
+    @property
+    def truncated(self) -> bool:
+        """True if ``stdout`` or ``stderr`` lacks output past ``max_output`` (see ``*_dropped``)."""
+        return bool(self.stdout_dropped or self.stderr_dropped)
 
     @property
     def text(self) -> str:

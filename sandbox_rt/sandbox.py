@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import posixpath
@@ -16,13 +15,16 @@ from typing import TYPE_CHECKING, Literal, overload
 
 from .backends.base import snapshot_backend
 from .background import BackgroundProcess
+from .download import download_file, download_tree
 from .errors import ConfigError, ExecError, FileOperationError, SandboxError
 from .forward import PortForward
+from .limits import DEFAULT_DOWNLOAD_MAX_BYTES, DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
 from .models import ExecResult, OutputChunk, SandboxRecord, SandboxStatus, SnapshotInfo
 from .ssh import RawResult, SSHExecutor
 from .validation import (
     check_egress,
     check_env,
+    check_max_bytes,
     check_remote_path,
     check_snapshot_name,
     check_timeout,
@@ -54,6 +56,12 @@ def _command_text(command: Command) -> str:
     return shlex.join(words)
 
 
+def _result(command: str, raw: RawResult, duration_s: float) -> ExecResult:
+    return ExecResult(
+        command, raw.stdout, raw.stderr, raw.exit_code, duration_s, raw.dropped_stdout, raw.dropped_stderr
+    )
+
+
 class ExecStream:
     """Iterate to get :class:`OutputChunk` s as the command prints them; ``result`` when done."""
 
@@ -69,9 +77,7 @@ class ExecStream:
             if isinstance(item, OutputChunk):
                 yield item
             else:
-                self.result = ExecResult(
-                    self._command, item.stdout, item.stderr, item.exit_code, time.monotonic() - self._started
-                )
+                self.result = _result(self._command, item, time.monotonic() - self._started)
                 if self._check and item.exit_code != 0:
                     raise ExecError(self._command, item.exit_code, item.stdout, item.stderr)
 
@@ -137,6 +143,7 @@ class Sandbox:
         stdin: bytes | str | None = None,
         check: bool = False,
         background: Literal[False] = False,
+        max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> ExecResult: ...
 
     @overload
@@ -150,6 +157,7 @@ class Sandbox:
         stdin: bytes | str | None = None,
         check: bool = False,
         background: Literal[True],
+        max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> BackgroundProcess: ...
 
     def exec(
@@ -162,6 +170,7 @@ class Sandbox:
         stdin: bytes | str | None = None,
         check: bool = False,
         background: bool = False,
+        max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> ExecResult | BackgroundProcess:
         """Run a command as the sandbox user and wait for it.
 
@@ -170,15 +179,18 @@ class Sandbox:
         Background processes (``cmd &``) keep running and do not hold the call.
         With ``background=True`` it returns at once a :class:`BackgroundProcess` handle (pid,
         ``wait``, ``kill``, ``logs``); the command survives the SSH channel.
+        At most ``max_output`` bytes of each stream are kept (default 64 MiB); the rest is dropped
+        and counted (``result.truncated``, ``stdout_dropped``, ``stderr_dropped``).
         """
         text, t, cwd_, env_, data = self._prepare(command, timeout, cwd, env, stdin)
+        cap = check_max_bytes(max_output, "max_output")
         if background:
             if stdin is not None or check:
                 raise ConfigError("background=True takes neither stdin nor check")
             return BackgroundProcess.start(self, text, cwd=cwd_, env=env_)
         started = time.monotonic()
-        raw = self._ssh.run(text, timeout=t, cwd=cwd_, env=env_, stdin=data)
-        result = ExecResult(text, raw.stdout, raw.stderr, raw.exit_code, time.monotonic() - started)
+        raw = self._ssh.run(text, timeout=t, cwd=cwd_, env=env_, stdin=data, max_output=cap)
+        result = _result(text, raw, time.monotonic() - started)
         if check and result.exit_code != 0:
             raise ExecError(text, result.exit_code, result.stdout, result.stderr)
         return result
@@ -192,10 +204,16 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
         check: bool = False,
+        max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> ExecStream:
-        """Like :meth:`exec`, but yields output chunks while the command runs."""
+        """Like :meth:`exec`, but yields output chunks while the command runs.
+
+        Every chunk is yielded; ``max_output`` bounds only what the final ``result`` keeps.
+        """
         text, t, cwd_, env_, data = self._prepare(command, timeout, cwd, env, stdin)
-        return ExecStream(self._ssh.stream(text, timeout=t, cwd=cwd_, env=env_, stdin=data), text, check)
+        cap = check_max_bytes(max_output, "max_output")
+        chunks = self._ssh.stream(text, timeout=t, cwd=cwd_, env=env_, stdin=data, max_output=cap)
+        return ExecStream(chunks, text, check)
 
     def _prepare(
         self,
@@ -227,12 +245,19 @@ class Sandbox:
             self._ssh.makedirs(parent)
         self._ssh.write_bytes(path, data.encode() if isinstance(data, str) else data, mode)
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> bytes:
+        """The bytes of the regular file ``path`` (a symlink is followed inside the sandbox; a
+        device, FIFO or socket is refused with EINVAL). A file larger than ``max_bytes`` (its
+        apparent size: a sparse file counts in full; default 256 MiB) is refused at once with
+        ``FileOperationError(EFBIG)``."""
         self._check_alive()
-        return self._ssh.read_bytes(check_remote_path(path))
+        cap = check_max_bytes(max_bytes, "max_bytes")
+        return self._ssh.read_bytes(check_remote_path(path), cap)
 
-    def read_text(self, path: str, encoding: str = "utf-8") -> str:
-        return self.read_file(path).decode(encoding, "replace")
+    def read_text(
+        self, path: str, encoding: str = "utf-8", *, max_bytes: int = DEFAULT_READ_MAX_BYTES
+    ) -> str:
+        return self.read_file(path, max_bytes=max_bytes).decode(encoding, "replace")
 
     def upload(self, local: str | os.PathLike[str], remote: str) -> int:
         """Copy a local file or directory tree to ``remote``; returns bytes sent. Streams, never slurps."""
@@ -261,41 +286,25 @@ class Sandbox:
         with src.open("rb") as fh:
             return self._ssh.put_stream(fh, remote, stat.S_IMODE(src.stat().st_mode))
 
-    def download(self, remote: str, local: str | os.PathLike[str]) -> int:
-        """Copy a file or directory tree from the sandbox to ``local``; returns bytes received."""
+    def download(
+        self, remote: str, local: str | os.PathLike[str], *, max_bytes: int = DEFAULT_DOWNLOAD_MAX_BYTES
+    ) -> int:
+        """Copy a file or directory tree from the sandbox to ``local``; returns bytes received.
+
+        Nothing is written outside ``local`` whatever the sandbox lists (see
+        :mod:`sandbox_rt.download`). Regular files and directories are copied, other types skipped.
+        The whole download writes at most ``max_bytes`` (default 8 GiB): a file that would pass it
+        ends the download with ``FileOperationError(EFBIG)``.
+        """
         self._check_alive()
         check_remote_path(remote, "remote")
-        dst = Path(local)
+        cap = check_max_bytes(max_bytes, "max_bytes")
         attrs = self._ssh.stat(remote)
         if attrs is None:
             raise FileOperationError(2, "download: no such file in the sandbox", remote)
         if stat.S_ISDIR(attrs.st_mode or 0):
-            return self._download_dir(remote, dst)
-        return self._download_file(remote, dst)
-
-    def _download_file(self, remote: str, dst: Path) -> int:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(dst.name + ".part")
-        try:
-            with tmp.open("wb") as fh:
-                n = self._ssh.get_stream(remote, fh)
-            tmp.replace(dst)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-        return n
-
-    def _download_dir(self, remote: str, dst: Path) -> int:
-        dst.mkdir(parents=True, exist_ok=True)
-        total = 0
-        for entry in self._ssh.listdir(remote):
-            child = posixpath.join(remote, entry.filename)
-            mode = entry.st_mode or 0
-            if stat.S_ISDIR(mode):
-                total += self._download_dir(child, dst / entry.filename)
-            elif stat.S_ISREG(mode):
-                total += self._download_file(child, dst / entry.filename)
-        return total
+            return download_tree(self._ssh, remote, local, cap)
+        return download_file(self._ssh, remote, local, cap)
 
     # -- network, state --------------------------------------------------------------------------
     def set_internet(self, enabled: bool) -> None:

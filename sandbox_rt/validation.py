@@ -15,6 +15,7 @@ __all__ = [
     "check_egress",
     "check_env",
     "check_hostname",
+    "check_max_bytes",
     "check_remote_path",
     "check_sandbox_id",
     "check_snapshot_name",
@@ -216,3 +217,10 @@ def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
             raise ConfigError(f"environment variable {key}={value!r} must be a string without NUL")
         out[key] = value
     return out
+
+
+def check_max_bytes(value: int, name: str = "max_bytes") -> int:
+    """A byte cap (``max_output``, ``max_bytes``): a whole number, at least 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}={value!r} must be a whole number of bytes, at least 1")
+    return value

@@ -14,6 +14,8 @@ import paramiko
 import pytest
 
 from sandbox_rt import ssh
+from sandbox_rt.ssh import executor as executor_module
+from sandbox_rt.ssh import wire
 from sandbox_rt.errors import SandboxNotReady
 
 
@@ -33,13 +35,13 @@ def test_an_unanswered_syn_is_sent_again_within_the_syn_timeout(
     full_listener: socket.socket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     attempts: list[float] = []
-    real = ssh._tcp_connect
+    real = wire.tcp_connect
 
     def counting(host: str, port: int, timeout: float) -> socket.socket:
         attempts.append(timeout)
         return real(host, port, timeout)
 
-    monkeypatch.setattr(ssh, "_tcp_connect", counting)
+    monkeypatch.setattr(wire, "tcp_connect", counting)
     freed: list[socket.socket] = []
     opener = threading.Timer(0.5, lambda: freed.append(full_listener.accept()[0]))  # room after 0.5 s
     opener.start()
@@ -56,4 +58,4 @@ def test_an_unanswered_syn_is_sent_again_within_the_syn_timeout(
             conn.close()
     # with the kernel's retransmission alone there would be one attempt, answered after 1 s
     assert len(attempts) >= 3, attempts
-    assert attempts[0] == pytest.approx(ssh._SYN_TIMEOUT_S)
+    assert attempts[0] == pytest.approx(executor_module._SYN_TIMEOUT_S)

@@ -3,7 +3,8 @@
 import pytest
 
 from sandbox_rt.models import OutputChunk
-from sandbox_rt.ssh import _Demux, _Markers
+from sandbox_rt.ssh.markers import Demux as _Demux
+from sandbox_rt.ssh.markers import Markers as _Markers
 
 
 def _streams(m: _Markers, out: bytes, err: bytes, rc: int, bg: bytes = b"") -> tuple[bytes, bytes]:

@@ -149,7 +149,7 @@ CHILD = textwrap.dedent(
     """
     import os, signal, sys
     import sandbox_rt
-    from sandbox_rt import ssh
+    from sandbox_rt.ssh import wire
     from sandbox_rt.backends.proxmox import ProxmoxBackend
 
     step = sys.argv[1]
@@ -157,7 +157,7 @@ CHILD = textwrap.dedent(
     def die():
         os.kill(os.getpid(), signal.SIGKILL)
 
-    wait, resize, tcp_connect = ProxmoxBackend._wait, ProxmoxBackend._resize, ssh._tcp_connect
+    wait, resize, tcp_connect = ProxmoxBackend._wait, ProxmoxBackend._resize, wire.tcp_connect
 
     def patched_wait(self, upid, st):
         if st == "clone" and step == "during clone":  # the clone task runs on without us
@@ -178,7 +178,7 @@ CHILD = textwrap.dedent(
         return sock
 
     ProxmoxBackend._wait, ProxmoxBackend._resize = patched_wait, patched_resize
-    ssh._tcp_connect = patched_tcp_connect
+    wire.tcp_connect = patched_tcp_connect
 
     def progress(msg):  # "cloning" (nothing made), "starting" (configured), "waiting" (started)
         if msg.startswith(step):
