@@ -6,6 +6,7 @@ The trees are written by sandboxes (untrusted): nothing here follows a symlink f
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -16,7 +17,7 @@ from pathlib import Path
 from ..errors import BackendError
 from .owner import process_start_time
 
-__all__ = ["copy_tree", "sweep_stale", "tree_bytes"]
+__all__ = ["copy_tree", "rewrite_file_beneath", "sweep_stale", "tree_bytes"]
 
 # What one usage() walk may cost at most: beyond either bound the size is unknown (None).
 MAX_ENTRIES = 500_000
@@ -86,3 +87,35 @@ def sweep_stale(directory: Path, prefix: str) -> None:
             pid = entry.name[len(prefix) :].split("-", 1)[0]
             if pid.isdigit() and int(pid) != os.getpid() and process_start_time(int(pid)) is None:
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+def rewrite_file_beneath(root: str | os.PathLike[str], rel: str, data: bytes) -> None:
+    """Replace the content of the regular file ``root/rel`` with ``data``.
+
+    ``root`` is followed (e.g. ``/proc/<pid>/root``, a container's ``/``); below it, nothing is:
+    each component of ``rel`` is opened with ``O_NOFOLLOW`` relative to its parent, so a symlink
+    the sandbox planted there raises OSError (ELOOP/ENOTDIR) instead of being followed (through
+    ``/proc/<pid>/root`` an absolute symlink would resolve against the host's ``/``). The file is
+    opened without blocking (a FIFO does not hang the host) and must be a regular file (else
+    OSError EINVAL). The host cannot create files in a running unprivileged container's root (its
+    uid is not mapped there: EOVERFLOW), so the file must exist; owner and mode stay as they are.
+    """
+    *dirs, name = rel.strip("/").split("/")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in dirs:
+            sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        out = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        try:
+            if not stat.S_ISREG(os.fstat(out).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", rel)
+            os.ftruncate(out, 0)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(out, view) :]
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)

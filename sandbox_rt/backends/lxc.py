@@ -45,7 +45,7 @@ from ..network import NftInternetSet
 from ..validation import SANDBOX_ID
 from .base import GcCandidate
 from .btrfs import create_subvolume, set_size_limit
-from .fstree import copy_tree, sweep_stale, tree_bytes
+from .fstree import copy_tree, rewrite_file_beneath, sweep_stale, tree_bytes
 from .intents import CreateMarkers
 from .owner import owner_alive, process_start_time
 
@@ -444,11 +444,15 @@ class LxcBackend:
         )
         if proc.returncode != 0:
             raise BackendError(f"cannot set hostname {hostname!r}", step="update", detail=proc.stderr)
-        root = Path(f"/proc/{pid}/root")
-        (root / "etc/hostname").write_text(f"{hostname}\n")
-        (root / "etc/hosts").write_text(
-            f"127.0.0.1\tlocalhost\n{ip}\t{hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-        )
+        hosts = f"127.0.0.1\tlocalhost\n{ip}\t{hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+        # the files belong to the sandbox: never write through a link it may have put there
+        for rel, text in (("etc/hostname", f"{hostname}\n"), ("etc/hosts", hosts)):
+            try:
+                rewrite_file_beneath(f"/proc/{pid}/root", rel, text.encode())
+            except OSError as exc:
+                raise BackendError(
+                    f"cannot write /{rel} in the sandbox: {exc.strerror or exc}", step="update"
+                ) from exc
 
     def destroy(self, sandbox_id: str) -> bool:
         cdir = self._dir(sandbox_id)

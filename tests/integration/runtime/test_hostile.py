@@ -15,6 +15,7 @@ exec and read_file buffered everything, a forged exit marker raised ValueError, 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -31,7 +32,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import sandbox_rt
-from sandbox_rt import ConnectionLost, FileOperationError, Manager
+from sandbox_rt import BackendError, ConnectionLost, FileOperationError, Manager
 from sandbox_rt.download import download_file, download_tree
 from sandbox_rt.sandbox import Sandbox
 from sandbox_rt.ssh import SSHExecutor, load_private_key, parse_public_key
@@ -278,3 +279,31 @@ def test_background_handles_read_bounded_numbers(make: Factory) -> None:
     assert bg.wait(timeout=20) == 7
     sb.exec(f"echo {'9' * 5000} > ~/.sandbox_rt/bg/{bg.handle}.rc", check=True)
     assert bg.exit_code() is None  # 5000 digits are not an exit status (int() would raise on them)
+
+
+def test_a_new_hostname_never_writes_through_sandbox_symlinks(lxc_manager: Manager, make: Factory) -> None:
+    """Root in a sandbox (issue 17) links /etc/hostname and /etc/hosts to host paths; a warm-pool
+    hand-out that renames the sandbox (``backend.update``) must not write those host paths (through
+    /proc/<pid>/root an absolute link resolves against the host's /; main wrote them, as root)."""
+    sb = make()
+    if sb.record.backend != "lxc":
+        pytest.skip("the hostname is written from the host only on the LXC backend")
+    tag = secrets.token_hex(6)
+    s = lxc_manager.settings
+    as_root = ["lxc-attach", "-P", str(s.lxc_path), "-n", sb.id, "--"]
+    renamed = dataclasses.replace(sb.record.spec, hostname="renamed")
+    for name in ("hostname", "hosts"):
+        target = Path(f"/tmp/pwned-{tag}-{name}")
+        subprocess.run([*as_root, "ln", "-sf", str(target), f"/etc/{name}"], check=True, timeout=30)
+        with pytest.raises(BackendError, match=f"/etc/{name}"):
+            lxc_manager.backend.update(sb.record, renamed)
+        assert not target.exists()
+        subprocess.run([*as_root, "rm", f"/etc/{name}"], check=True, timeout=30)
+        subprocess.run([*as_root, "mkfifo", "-m", "644", f"/etc/{name}"], check=True, timeout=30)
+        with pytest.raises(BackendError, match=r"No such device|not a regular file"):
+            lxc_manager.backend.update(sb.record, renamed)  # a FIFO neither blocks nor is written
+        restore = f"rm /etc/{name} && echo x > /etc/{name}"
+        subprocess.run([*as_root, "sh", "-c", restore], check=True, timeout=30)
+    new = lxc_manager.backend.update(sb.record, renamed)
+    assert new.hostname == "renamed"
+    assert sb.exec("cat /etc/hostname; hostname").text.split() == ["renamed", "renamed"]
