@@ -9,12 +9,15 @@
 - warm-pool acquire (``Manager(pool_size=2).create()`` with a sandbox ready) vs the raw create;
 - exec round trip of ``true`` vs OpenSSH through a ControlMaster to the same sandbox, and vs
   ``lxc-attach``;
-- destroy vs raw ``lxc-stop -k`` + ``lxc-destroy``.
+- destroy vs raw ``lxc-stop -k`` + ``lxc-destroy``;
+- the cost of isolated id maps: create → SSH-ready with them (the default) vs with the one
+  shared map (``idmap_isolated=false``).
 Raw and runtime samples alternate, so drift on a shared machine hits both alike.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -33,6 +36,7 @@ WHAT = {
     "create_ssh_ready": "Manager.create() until the sandbox is SSH-connected",
     "raw_create_port22": "raw lxc-copy + lxc-start + first TCP connect to :22",
     "create_first_exec": "Manager.create() + exec('true')",
+    "create_ssh_ready_shared_ids": "Manager.create() with one id map shared by all sandboxes",
     "raw_create_first_ssh": "raw lxc-copy + lxc-start + OpenSSH `ssh true` (new connection)",
     "warm_pool_acquire": "create() with Manager(pool_size=2) holding a ready sandbox",
     "exec_true": "Sandbox.exec('true') round trip",
@@ -86,6 +90,13 @@ def _cycle(b: Bench, res: dict[str, list[float]]) -> None:
         res["destroy"].append(_timed(sb.destroy))
 
 
+def _shared_ids_cycle(b: Bench, res: dict[str, list[float]], shared: sandbox_rt.Manager) -> None:
+    t0 = time.perf_counter()
+    sb = b.create(shared)
+    res["create_ssh_ready_shared_ids"].append(time.perf_counter() - t0)
+    sb.destroy()
+
+
 def _exec_round_trips(b: Bench, res: dict[str, list[float]], count: int) -> None:
     with b.sandbox() as sb:
         ossh = OpenSSH(sb.ip, sb.record.host_key, b.settings.ssh_key, b.settings.ssh_user, b.tmp / "exec")
@@ -117,17 +128,21 @@ def _warm_pool(b: Bench, res: dict[str, list[float]], runs: int) -> None:
 def run(b: Bench) -> dict[str, Any]:
     runs = b.opts.runs
     res: dict[str, list[float]] = {k: [] for k in WHAT}
+    shared = sandbox_rt.Manager(dataclasses.replace(b.settings, idmap_isolated=False))
     for _ in range(runs):
         b.checkpoint()
         _raw_cycle(b, res)
         b.checkpoint()
         _cycle(b, res)
+        b.checkpoint()
+        _shared_ids_cycle(b, res, shared)
     _exec_round_trips(b, res, max(runs * 5, 20))
     _warm_pool(b, res, runs)
     measures = {k: summary(v, WHAT[k], raw=k in RAW) for k, v in res.items()}
     comparisons = [
         compare(measures, "create_ssh_ready", "raw_create_port22"),
         compare(measures, "create_first_exec", "raw_create_first_ssh"),
+        compare(measures, "create_ssh_ready", "create_ssh_ready_shared_ids"),
         compare(measures, "warm_pool_acquire", "raw_create_port22"),
         compare(measures, "exec_true", "raw_openssh_controlmaster"),
         compare(measures, "exec_true", "raw_lxc_attach"),

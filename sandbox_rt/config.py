@@ -47,6 +47,9 @@ class Settings:
     dnsmasq_pidfile: Path = Path("/run/sandbox_rt/dnsmasq.pid")
     idmap_base: int = 100000
     idmap_size: int = 65536
+    # LXC: each sandbox maps its ids to a host range of its own (after the template's), so an escape
+    # from one does not own the others' files; needs the ranges in /etc/subuid (lxc_host role)
+    idmap_isolated: bool = True
     # LXC: enforce disk_gb (each container dir a btrfs subvolume with a qgroup limit); needs the
     # LXC path on btrfs with quotas (lxc_host_storage: btrfs_loop). Off: disk_gb is not enforced.
     disk_limits: bool = False

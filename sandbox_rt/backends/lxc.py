@@ -46,6 +46,7 @@ from ..validation import SANDBOX_ID
 from .base import GcCandidate
 from .btrfs import create_subvolume, set_size_limit
 from .fstree import copy_tree, rewrite_file_beneath, sweep_stale, tree_bytes
+from .idmap import ID_RANGE, idmap_base_for, idmapped_bind, shift_owners, subid_ranges_cover, unmount
 from .intents import CreateMarkers
 from .owner import owner_alive, process_start_time
 
@@ -71,6 +72,8 @@ _OURS = (
     "lxc.cgroup2.cpu.",
 )
 _LIMIT_KEYS = tuple(k for k in _OURS if k.startswith("lxc.cgroup"))  # the limit keys among them
+_ISOLATION_KEYS = ("lxc.idmap", "lxc.rootfs.path")  # replaced per clone with isolated id maps
+LOWER_MOUNT = "lower"  # <container dir>/lower: the template's root, idmapped, while the clone starts
 CPU_PERIOD_US = 100_000
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -188,6 +191,19 @@ class LxcBackend:
         lower, _, upper = rest.partition(":")
         return Path(lower), Path(upper)
 
+    def _template_rootfs(self) -> Path:
+        value = self._config_value(self._config_lines(self._template_dir()), "lxc.rootfs.path") or ""
+        return Path(value.removeprefix("dir:"))
+
+    def _id_base(self, cdir: Path) -> int:
+        """The host uid that is root in the container (its ``lxc.idmap = u 0 <base> ...``)."""
+        for line in self._config_lines(cdir):
+            key, _, value = line.partition("=")
+            words = value.split()
+            if key.strip() == "lxc.idmap" and len(words) == 4 and words[:2] == ["u", "0"]:
+                return int(words[2])
+        return self.settings.idmap_base
+
     def _addresses_in_use(self) -> set[str]:
         used: set[str] = set()
         if not self.path.is_dir():
@@ -233,11 +249,23 @@ class LxcBackend:
         if delta is not None:
             self._fill_from_snapshot(cdir, delta)
         hostname = spec.hostname or sandbox_id
-        lines = [ln for ln in self._config_lines(cdir) if not ln.strip().startswith(_OURS)]
+        isolated = self.settings.idmap_isolated
+        ours = (*_OURS, *_ISOLATION_KEYS) if isolated else _OURS
+        lines = [ln for ln in self._config_lines(cdir) if not ln.strip().startswith(ours)]
         limits = cgroup_limit_lines(spec, v1=self._v1, memsw=self._memsw)
+        upper = self._rootfs_dirs(cdir)[1]
 
         def commit(ip: str) -> None:
+            own: list[str] = []
+            if isolated:
+                base = self._isolated_base(ip)
+                own = [
+                    f"lxc.idmap = u 0 {base} {ID_RANGE}",
+                    f"lxc.idmap = g 0 {base} {ID_RANGE}",
+                    f"lxc.rootfs.path = overlay:{cdir / LOWER_MOUNT}:{upper}",
+                ]
             extra = [
+                *own,
                 f"lxc.uts.name = {hostname}",
                 f"lxc.net.0.link = {self.settings.bridge}",
                 f"lxc.net.0.ipv4.address = {ip}/{self.prefixlen}",
@@ -251,6 +279,8 @@ class LxcBackend:
             tmp.replace(cdir / "config")
 
         ip = self.pool.allocate(self._addresses_in_use, commit)
+        if isolated:
+            self._own_ids(cdir, upper)
         host_pub = self._seed_rootfs(cdir, hostname, ip)
         now = time.time()
         pid = 0 if spec.detached else os.getpid()
@@ -271,11 +301,13 @@ class LxcBackend:
 
     def _seed_rootfs(self, cdir: Path, hostname: str, ip: str) -> str:
         """Write per-clone identity into the overlay delta: host key, machine-id, names, resolver."""
-        lower, upper = self._rootfs_dirs(cdir)
+        upper = self._rootfs_dirs(cdir)[1]
+        lower = self._template_rootfs()
+        shift = self._id_base(cdir) - self.settings.idmap_base  # template ids -> this sandbox's
         # the upper dir's root is the container's "/": give it the lower root's owner and mode
         # (lxc-copy creates it under the caller's umask, e.g. 0700, which would lock out the user)
         st = lower.stat()
-        os.chown(upper, st.st_uid, st.st_gid)
+        os.chown(upper, st.st_uid + shift, st.st_gid + shift)
         os.chmod(upper, st.st_mode & 0o7777)
         key = Ed25519PrivateKey.generate()
         private = key.private_bytes(
@@ -300,12 +332,15 @@ class LxcBackend:
             ("etc/resolv.conf", f"nameserver {self.settings.dns_server}\n".encode(), 0o644),
         ]
         for rel, data, mode in files:
-            self._write_into_upper(lower, upper, rel, data, mode)
+            self._write_into_upper(lower, upper, rel, data, mode, shift)
         return public.decode()
 
-    def _write_into_upper(self, lower: Path, upper: Path, rel: str, data: bytes, mode: int) -> None:
-        """Create ``rel`` in the overlay's upper dir, owned by container root, parents like the lower's."""
-        base = self.settings.idmap_base
+    def _write_into_upper(
+        self, lower: Path, upper: Path, rel: str, data: bytes, mode: int, shift: int
+    ) -> None:
+        """Create ``rel`` in the overlay's upper dir, owned by container root, parents like the lower's
+        (``shift``: what to add to the template's ids to get this sandbox's)."""
+        base = self.settings.idmap_base + shift
         parts = Path(rel).parts
         for i in range(1, len(parts)):
             sub = Path(*parts[:i])
@@ -316,7 +351,7 @@ class LxcBackend:
                 src = lower / sub
                 st = src.stat() if src.is_dir() else None
                 target.mkdir(mode=0o755)
-                os.chown(target, st.st_uid if st else base, st.st_gid if st else base)
+                os.chown(target, st.st_uid + shift if st else base, st.st_gid + shift if st else base)
                 os.chmod(target, (st.st_mode & 0o7777) if st else 0o755)
         path = upper / rel
         if path.is_dir() and not path.is_symlink():
@@ -330,6 +365,28 @@ class LxcBackend:
             os.fchmod(fd, mode)
         finally:
             os.close(fd)
+
+    # -- isolated id maps (see idmap.py) ----------------------------------------------------------
+    def _isolated_base(self, ip: str) -> int:
+        base = idmap_base_for(ip, self.settings.ip_pool_start, self.settings.idmap_base)
+        if not subid_ranges_cover("root", base, ID_RANGE):
+            raise BackendError(
+                f"/etc/subuid and /etc/subgid do not give root the ids {base}-{base + ID_RANGE - 1} "
+                "for this sandbox's isolated id map (run site.yml: lxc_host delegates them; or set "
+                "idmap_isolated=false)",
+                step="clone",
+            )
+        return base
+
+    def _own_ids(self, cdir: Path, upper: Path) -> None:
+        """Hand the clone's own dirs to its id range: lxc-copy gave them the template's (and wrote
+        etc/hostname into the delta as template root); a fork's delta comes from another sandbox."""
+        base = self._id_base(cdir)
+        (cdir / LOWER_MOUNT).mkdir(mode=0o755, exist_ok=True)
+        for path in (cdir, cdir / "rootfs", upper.parent, *upper.parent.iterdir()):
+            if path.exists() and not path.is_symlink():
+                os.chown(path, base, base)
+        shift_owners(upper, template_base=self.settings.idmap_base, to_base=base)
 
     def _write_record(self, record: SandboxRecord, owner_start: int | None) -> None:
         data = dataclasses.asdict(record)
@@ -353,8 +410,17 @@ class LxcBackend:
         return SandboxRecord(**data), extra
 
     def start(self, sandbox_id: str) -> SandboxRecord:
-        log = self._dir(sandbox_id) / "start.log"
+        cdir = self._dir(sandbox_id)
+        log = cdir / "start.log"
+        lower = cdir / LOWER_MOUNT
+        isolated = self._rootfs_dirs(cdir)[0] == lower
         try:
+            if isolated:  # the template's root, seen with this sandbox's ids, while LXC mounts the overlay
+                try:
+                    template, base = self._template_rootfs(), self._id_base(cdir)
+                    idmapped_bind(template, lower, inner=self.settings.idmap_base, outer=base)
+                except OSError as exc:
+                    raise BackendError(f"cannot map the template's ids: {exc}", step="start") from exc
             self._lxc("lxc-start", "-n", sandbox_id, f"--logfile={log}", "--logpriority=ERROR", step="start")
         except BackendError as exc:
             with contextlib.suppress(OSError):
@@ -362,6 +428,10 @@ class LxcBackend:
                     "the container did not start", step="start", detail=log.read_text()
                 ) from exc
             raise
+        finally:
+            if isolated:  # the overlay holds its own clone of the layer: the host's mount can go
+                with contextlib.suppress(OSError):
+                    unmount(lower)
         return self.get(sandbox_id)  # the host key was pinned before start (written by clone)
 
     def stop(self, sandbox_id: str) -> None:
@@ -465,6 +535,8 @@ class LxcBackend:
             if self.netstate.remove(sandbox_id, ip) and ip is not None:
                 self._forget_connections(ip)
         if existed:
+            with contextlib.suppress(OSError):  # a start that died half-way may leave it mounted
+                unmount(cdir / LOWER_MOUNT)
             if self.state(sandbox_id) != "stopped":
                 proc = subprocess.run(
                     ["lxc-stop", "-P", str(self.path), "-n", sandbox_id, "-k"],

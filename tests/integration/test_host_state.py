@@ -86,8 +86,9 @@ def test_runtime_key_is_private(host, settings) -> None:  # type: ignore[no-unty
 
 
 def test_subordinate_ids_for_unprivileged_containers(host) -> None:  # type: ignore[no-untyped-def]
+    # the template's range and one per sandbox address (isolated id maps), all below 2^32
     for path in ("/etc/subuid", "/etc/subgid"):
-        assert "root:100000:65536" in host.file(path).content_string.splitlines()
+        assert f"root:100000:{65536 * (1 + 65533)}" in host.file(path).content_string.splitlines()
 
 
 def test_bridge_up_with_address_and_fixed_mac(host, settings) -> None:  # type: ignore[no-untyped-def]
