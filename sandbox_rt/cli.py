@@ -17,6 +17,7 @@ from typing import Any
 
 from . import __version__
 from .errors import ConfigError, SandboxError
+from .limits import HTTP_LIMITS
 from .manager import Manager
 from .models import SandboxRecord
 from .sandbox import Sandbox
@@ -101,8 +102,38 @@ def _parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="the HTTP control API (bearer token; loopback by default)")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8787)
-    sv.add_argument("--token-file", help="file with the bearer token (else $SANDBOX_RT_API_TOKEN)")
-    sv.add_argument("--max-body-mb", type=int, default=64)
+    sv.add_argument(
+        "--token-file", help="file with the bearer token, mode 0600 (else $SANDBOX_RT_API_TOKEN)"
+    )
+    sv.add_argument(
+        "--max-body-mb",
+        type=int,
+        default=HTTP_LIMITS.max_body_bytes >> 20,
+        metavar="MB",
+        help="largest request body with a valid token (default: %(default)s)",
+    )
+    sv.add_argument(
+        "--max-connections",
+        type=int,
+        default=HTTP_LIMITS.max_connections,
+        metavar="N",
+        help="open connections at most; the next one gets 503 (default: %(default)s)",
+    )
+    sv.add_argument(
+        "--header-timeout",
+        type=_positive_float,
+        default=HTTP_LIMITS.header_timeout_s,
+        metavar="SECONDS",
+        help="a request's head (and a body without a valid token) must arrive within this "
+        "(default: %(default)s)",
+    )
+    sv.add_argument(
+        "--idle-timeout",
+        type=_positive_float,
+        default=HTTP_LIMITS.idle_timeout_s,
+        metavar="SECONDS",
+        help="close a keep-alive connection idle for this long (default: %(default)s)",
+    )
 
     rp = sub.add_parser("reaper", help="destroy expired sandboxes and those whose owner died, every N s")
     rp.add_argument("--interval", type=_positive_float, default=30.0, metavar="SECONDS")
@@ -184,6 +215,8 @@ class _Cli:
         a = self.args
         if a.cmd in ("run", "exec"):
             words = _command(a.command)  # bad usage fails before any sandbox is made
+        if a.cmd == "serve":
+            return self.serve()
         mgr = Manager.from_env()
         if a.cmd == "run":
             with self._create(mgr) as sb:
@@ -254,21 +287,6 @@ class _Cli:
                 "\n".join(f"{verb} {r.sandbox_id}: {r.reason}" for r in removed) or "nothing to collect",
             )
             return 0
-        if a.cmd == "serve":
-            from .http_api import load_token, serve
-
-            token = load_token(a.token_file)  # a missing token is a usage error before listening
-            logging.basicConfig(level=logging.WARNING if a.quiet else logging.INFO)
-            logging.getLogger("paramiko").setLevel(logging.WARNING)
-            serve(
-                mgr,
-                a.host,
-                a.port,
-                token=token,
-                max_body_bytes=a.max_body_mb << 20,
-                on_ready=lambda url: self.progress(f"listening on {url}"),
-            )
-            return 0
         if a.cmd == "reaper":
             while True:
                 for reaped in mgr.gc(dead_owners=True):
@@ -277,6 +295,34 @@ class _Cli:
                     return 0
                 time.sleep(a.interval)  # the reaper's period
         raise ConfigError(f"unknown command {a.cmd!r}")
+
+    def serve(self) -> int:
+        from .http_api import load_token, serve
+
+        a = self.args
+        # a missing, weak or unsafe token, or a bad limit, is a usage error before anything starts
+        token = load_token(a.token_file)
+        if a.max_body_mb < 1:
+            raise ConfigError(f"--max-body-mb {a.max_body_mb} must be at least 1")
+        limits = dataclasses.replace(
+            HTTP_LIMITS,
+            max_body_bytes=a.max_body_mb << 20,
+            max_connections=a.max_connections,
+            header_timeout_s=a.header_timeout,
+            idle_timeout_s=a.idle_timeout,
+        )
+        mgr = Manager.from_env()
+        logging.basicConfig(level=logging.WARNING if a.quiet else logging.INFO)
+        logging.getLogger("paramiko").setLevel(logging.WARNING)
+        serve(
+            mgr,
+            a.host,
+            a.port,
+            token=token,
+            limits=limits,
+            on_ready=lambda url: self.progress(f"listening on {url}"),
+        )
+        return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,6 +4,9 @@ files, internet and destroy over JSON, for callers that are not Python.
 Stdlib only (``http.server.ThreadingHTTPServer``). Bound to loopback by default; every route but
 ``/healthz`` and ``/openapi.json`` needs ``Authorization: Bearer <token>``. The server keeps one
 attached :class:`~sandbox_rt.Sandbox` per id, so consecutive execs reuse its SSH transport.
+What a client may cost (head and body sizes, connections, timeouts) is a
+:class:`~sandbox_rt.limits.HttpLimits`: a request without a valid token never makes the server read
+more than a small head and a few KiB of body, nor hold a connection past the head deadline.
 The routes, bodies and errors are documented in ``docs/http-api.md`` and served as an OpenAPI 3.1
 document (:mod:`sandbox_rt.http_openapi`).
 
@@ -24,7 +27,9 @@ import contextlib
 import dataclasses
 import errno
 import hmac
+import http.client
 import http.server
+import io
 import ipaddress
 import json
 import logging
@@ -35,6 +40,7 @@ import socket
 import socketserver
 import stat
 import threading
+import time
 import types
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -56,9 +62,13 @@ from .errors import (
     SnapshotNotFound,
 )
 from .http_openapi import openapi_document
+from .limits import HTTP_LIMITS, HttpLimits
 from .models import ExecResult, OutputChunk, SandboxRecord, SandboxStatus, SnapshotInfo
+from .validation import check_sandbox_id
 
 if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
     from .manager import Manager
     from .sandbox import ExecStream
 
@@ -69,6 +79,7 @@ __all__ = [
     "ROUTES",
     "TOKEN_ENV",
     "ApiServer",
+    "HttpLimits",
     "ManagerLike",
     "SandboxLike",
     "load_token",
@@ -80,11 +91,13 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "SANDBOX_RT_API_TOKEN"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_BODY_BYTES = HTTP_LIMITS.max_body_bytes  # the limits themselves live in sandbox_rt.limits
 MIN_TOKEN_LENGTH = 16
-IDLE_TIMEOUT_S = 120.0  # a keep-alive connection (or a client that stops reading) is dropped after this
+TOKEN_FILE_MAX_BYTES = 4096
 
-_TOKEN_CHARS = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces: safe in a header
+# every pattern here is used with fullmatch: "$" alone would accept a trailing newline
+_TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces: safe in a header
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")  # ASCII digits only (str.isdigit also takes "²")
 
 
 # -- what the server needs from the runtime (sandbox_rt.Manager / Sandbox fit; tests use fakes) ----
@@ -173,7 +186,7 @@ if TYPE_CHECKING:  # mypy proves the real classes fit the protocols
 def _check_token(token: str, source: str) -> str:
     if not isinstance(token, str) or not token:
         raise ConfigError(f"the API token from {source} is empty")
-    if not _TOKEN_CHARS.match(token):
+    if not _TOKEN_CHARS.fullmatch(token):
         raise ConfigError(f"the API token from {source} must be printable ASCII without spaces")
     if len(token) < MIN_TOKEN_LENGTH:
         raise ConfigError(
@@ -186,28 +199,54 @@ def _check_token(token: str, source: str) -> str:
 def load_token(token_file: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> str:
     """The bearer token: the first line of ``token_file`` if given, else ``$SANDBOX_RT_API_TOKEN``.
 
-    ConfigError if there is none, if it is shorter than 16 characters, or if the file is readable by
-    every user (``chmod 600`` it). The token is never logged or printed.
+    ConfigError if there is none, if it is shorter than 16 characters, or if the file is not a
+    regular file of mode 0600 (or stricter) owned by root or by the user running the server. The
+    checks are made on the file that was opened. The token is never logged or printed.
     """
     if token_file is not None:
         path = Path(token_file)
-        try:
-            st = path.stat()
-            if not stat.S_ISREG(st.st_mode):
-                raise ConfigError(f"token file {path} is not a regular file")
-            if st.st_mode & stat.S_IROTH:
-                raise ConfigError(f"token file {path} is readable by every user: chmod 600 it")
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read token file {path}: {exc.strerror or exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"token file {path} is not UTF-8 text") from exc
+        text = _read_token_file(path)
         lines = text.strip().splitlines()
         return _check_token(lines[0].strip() if lines else "", f"token file {path}")
     value = (os.environ if env is None else env).get(TOKEN_ENV)
     if value is None:
         raise ConfigError(f"no API token: pass --token-file FILE or set {TOKEN_ENV}")
     return _check_token(value.strip(), TOKEN_ENV)
+
+
+def _read_token_file(path: Path) -> str:
+    try:  # O_NONBLOCK: a FIFO put in its place does not hang the start
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"cannot read token file {path}: {exc.strerror or exc}") from exc
+    try:  # every check is made on the file that was opened, not on the name
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"token file {path} is not a regular file")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o077:
+            raise ConfigError(
+                f"token file {path} has mode {mode:04o}: other users than its owner may read or change "
+                f"it (chmod 600 {path})"
+            )
+        uid = os.geteuid()
+        if st.st_uid not in (0, uid):
+            raise ConfigError(
+                f"token file {path} is owned by uid {st.st_uid}, not by root or the user running the "
+                f"server (uid {uid}): chown it"
+            )
+        try:
+            data = os.read(fd, TOKEN_FILE_MAX_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"cannot read token file {path}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    if len(data) > TOKEN_FILE_MAX_BYTES:
+        raise ConfigError(f"token file {path} is larger than {TOKEN_FILE_MAX_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"token file {path} is not UTF-8 text") from exc
 
 
 # -- errors ----------------------------------------------------------------------------------------
@@ -246,6 +285,7 @@ _FILE_ERRNO: dict[int, tuple[int, str]] = {
     errno.ENOSPC: (507, "insufficient_storage"),
     errno.EDQUOT: (507, "insufficient_storage"),
     errno.EFBIG: (413, "file_too_large"),
+    errno.EINVAL: (409, "file_conflict"),  # not a regular file (a device, FIFO or socket)
 }
 
 
@@ -364,6 +404,7 @@ EXEC_FIELDS: dict[str, tuple[str, bool]] = {
     "stdin_b64": ("string", True),
     "encoding": ("string", False),
     "stream": ("boolean", False),
+    "max_output": ("integer", True),
 }
 INTERNET_FIELDS: dict[str, tuple[str, bool]] = {"enabled": ("boolean", False)}
 EGRESS_FIELDS: dict[str, tuple[str, bool]] = {"egress": ("string_list", False)}
@@ -475,7 +516,8 @@ class Route:
 
     @property
     def pattern(self) -> re.Pattern[str]:
-        return re.compile("^" + re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(self.template)) + "$")
+        """The template as a regex, for ``fullmatch`` (the whole path, nothing before or after)."""
+        return re.compile(re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(self.template)))
 
 
 ROUTES: tuple[Route, ...] = (
@@ -499,7 +541,7 @@ def match_route(method: str, path: str) -> tuple[Route, dict[str, str]]:
     """The route for ``method path``; HttpError 404 (no such path) or 405 (path exists, not method)."""
     allowed: builtins.list[str] = []
     for route, pattern in _COMPILED:
-        m = pattern.match(path)
+        m = pattern.fullmatch(path)
         if m is None:
             continue
         if route.method == method:
@@ -518,13 +560,20 @@ def match_route(method: str, path: str) -> tuple[Route, dict[str, str]]:
 
 # -- the server --------------------------------------------------------------------------------------
 class _HttpServer(http.server.ThreadingHTTPServer):
+    """One thread per connection, at most ``app.limits.max_connections`` of them: a connection
+    beyond is answered 503 from the accepting thread without blocking, then closed."""
+
     daemon_threads = True  # an SSE stream or an idle keep-alive connection never blocks shutdown
     allow_reuse_address = True
+    request_queue_size = 128  # the listen backlog: a burst waits for accept() instead of a SYN retry
 
     def __init__(self, address: tuple[str, int], app: _App) -> None:
         self.app = app
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
+        self.refused = 0  # connections answered 503 (the cap was reached)
+        self._saturated = False
+        self._busy_answer = _busy_answer(app.limits.max_connections)
         try:
             if ipaddress.ip_address(address[0]).version == 6:
                 self.address_family = socket.AF_INET6
@@ -541,8 +590,36 @@ class _HttpServer(http.server.ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._conns_lock:
-            self._conns.add(request)
+            full = len(self._conns) >= self.app.limits.max_connections
+            if not full:
+                self._conns.add(request)
+        if full:
+            self._refuse(request)
+            return
+        self._saturated = False
         super().process_request(request, client_address)
+
+    def _refuse(self, request: socket.socket) -> None:
+        """The cap is reached: a 503 written without blocking (the open connections keep working)."""
+        self.refused += 1
+        if not self._saturated:  # once per episode, not once per connection
+            self._saturated = True
+            log.warning(
+                "%d connections open, the limit: new connections get 503 until one closes",
+                self.app.limits.max_connections,
+            )
+        with contextlib.suppress(OSError):
+            request.setblocking(False)
+            # what the client sent already is read, so that closing does not reset the connection
+            # before the client has read the answer
+            with contextlib.suppress(BlockingIOError):
+                request.recv(self.app.limits.max_head_bytes)
+            request.send(self._busy_answer)
+        self.shutdown_request(request)
+
+    def connection_count(self) -> int:
+        with self._conns_lock:
+            return len(self._conns)
 
     def shutdown_request(self, request: Any) -> None:
         with self._conns_lock:
@@ -557,12 +634,36 @@ class _HttpServer(http.server.ThreadingHTTPServer):
                 sock.shutdown(socket.SHUT_RDWR)
 
 
+def _busy_answer(limit: int) -> bytes:
+    body = (
+        json.dumps(
+            {
+                "error": {
+                    "code": "server_busy",
+                    "message": f"the server has {limit} connections open, its limit; retry later",
+                    "limit": limit,
+                }
+            }
+        ).encode()
+        + b"\n"
+    )
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Retry-After: 1\r\n"
+        "Cache-Control: no-store\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
 @dataclasses.dataclass
 class _App:
     manager: ManagerLike
     token: bytes
     cache: SandboxCache
-    max_body_bytes: int
+    limits: HttpLimits
 
 
 class ApiServer:
@@ -570,7 +671,8 @@ class ApiServer:
 
     The socket is bound on construction; :meth:`start` serves in a background thread (tests),
     :meth:`serve_forever` in the calling one. :meth:`stop` closes the SSH connections of the
-    cached sandboxes; it never destroys a sandbox.
+    cached sandboxes; it never destroys a sandbox. ``limits`` (default :data:`HTTP_LIMITS`) bound
+    what a client may cost; ``max_body_bytes`` overrides its ``max_body_bytes``.
     """
 
     def __init__(
@@ -580,15 +682,19 @@ class ApiServer:
         token: str,
         host: str = DEFAULT_HOST,
         port: int = 0,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_body_bytes: int | None = None,
+        limits: HttpLimits = HTTP_LIMITS,
     ) -> None:
         token = _check_token(token, "the token argument")  # refuse to start without a usable token
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port={port!r} must be a TCP port number")
-        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
-            raise ConfigError(f"max_body_bytes={max_body_bytes!r} must be a positive whole number")
+        if not isinstance(limits, HttpLimits):
+            raise ConfigError(f"limits={limits!r} must be a sandbox_rt.limits.HttpLimits")
+        if max_body_bytes is not None:
+            limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)  # validated there
+        self.limits = limits
         self.cache = SandboxCache(manager)
-        app = _App(manager, token.encode("ascii"), self.cache, max_body_bytes)
+        app = _App(manager, token.encode("ascii"), self.cache, limits)
         try:
             self._server = _HttpServer((host, port), app)
         except OSError as exc:
@@ -610,6 +716,16 @@ class ApiServer:
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def connections(self) -> int:
+        """Connections open now (each holds a handler thread)."""
+        return self._server.connection_count()
+
+    @property
+    def refused(self) -> int:
+        """Connections answered 503 because ``limits.max_connections`` were open."""
+        return self._server.refused
 
     def start(self) -> ApiServer:
         if self._thread is None:
@@ -664,14 +780,17 @@ def serve(
     port: int = DEFAULT_PORT,
     *,
     token: str,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_body_bytes: int | None = None,
+    limits: HttpLimits = HTTP_LIMITS,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serve the HTTP API until SIGINT/SIGTERM (blocking). ``on_ready(url)`` is called once listening.
 
     Refuses to start (ConfigError) without a token of at least 16 characters.
     """
-    server = ApiServer(manager, token=token, host=host, port=port, max_body_bytes=max_body_bytes)
+    server = ApiServer(
+        manager, token=token, host=host, port=port, max_body_bytes=max_body_bytes, limits=limits
+    )
     previous: Any = None
     in_main = threading.current_thread() is threading.main_thread()
 
@@ -693,19 +812,76 @@ def serve(
 
 
 # -- requests ----------------------------------------------------------------------------------------
+class _SocketReader(io.RawIOBase):
+    """The raw side of a connection's ``rfile``. Each receive waits at most ``io_timeout`` seconds
+    and never past ``deadline`` (a :func:`time.monotonic` time, or None): a client that trickles
+    one byte at a time cannot stretch a phase that has a deadline (the head, an unauthenticated
+    body). Writes are not affected: the socket's timeout is ``io_timeout`` again after each read.
+    """
+
+    def __init__(self, sock: socket.socket, io_timeout: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self.io_timeout = io_timeout
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        timeout = self.io_timeout
+        if self.deadline is not None:
+            timeout = min(timeout, self.deadline - time.monotonic())
+            if timeout <= 0:
+                raise TimeoutError("the read deadline has passed")
+        self._sock.settimeout(timeout)
+        try:
+            return self._sock.recv_into(buffer)
+        finally:
+            self._sock.settimeout(self.io_timeout)
+
+
+class _HeadBudget:
+    """Stands in for ``rfile`` while http.server parses the header lines: together they get
+    ``left`` bytes; one more raises LineTooLong, which http.server answers with 431."""
+
+    def __init__(self, rfile: io.BufferedIOBase, left: int, limit: int) -> None:
+        self._rfile = rfile
+        self.left = left
+        self._limit = limit
+
+    def readline(self, size: int = -1) -> bytes:
+        want = self.left + 1 if size < 0 else min(size, self.left + 1)
+        line = self._rfile.readline(max(want, 0))
+        self.left -= len(line)
+        if self.left < 0:
+            raise http.client.LineTooLong(f"the request head is larger than {self._limit} bytes")
+        return line
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = f"sandbox-rt/{__version__}"
     sys_version = ""
-    timeout = IDLE_TIMEOUT_S
+    timeout = None  # set per read by _SocketReader (and to limits.io_timeout_s for writes) in setup()
     server: _HttpServer
 
     # -- plumbing --------------------------------------------------------------------------------
     def setup(self) -> None:
+        self._accepted_at = time.monotonic()
+        self._requests = 0
+        self._continue_pending = False
+        self._authenticated = False
         super().setup()
+        limits = self.app.limits
+        self.connection.settimeout(limits.io_timeout_s)
         # headers and body go out in separate writes: without this, Nagle + delayed ACK add ~40 ms
         with contextlib.suppress(OSError):
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.rfile.close()  # the stdlib's reader, replaced by one that keeps the deadlines
+        self._reader = _SocketReader(self.connection, limits.io_timeout_s)
+        self._buffered = io.BufferedReader(self._reader)
+        self.rfile = self._buffered
 
     @property
     def app(self) -> _App:
@@ -713,6 +889,63 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # request lines only: never headers
         log.info("%s %s", self.address_string(), format % args)
+
+    def handle_one_request(self) -> None:
+        """http.server's loop step with deadlines: the first byte of a request within the idle
+        timeout (the head timeout for a new connection), its head within the head timeout and
+        ``max_head_bytes``; then the handler (which lifts the deadline once the token is valid)."""
+        limits = self.app.limits
+        self.command, self.request_version, self.requestline = "", "HTTP/1.1", ""
+        self._continue_pending = False
+        self._authenticated = False
+        if self._requests == 0:
+            self._reader.deadline = self._accepted_at + limits.header_timeout_s
+        else:
+            self._reader.deadline = time.monotonic() + limits.idle_timeout_s
+        try:
+            if not self._buffered.peek(1):  # the client closed the connection
+                self.close_connection = True
+                return
+        except OSError:  # idle too long (closed without an answer, as keep-alive allows), or reset
+            self.close_connection = True
+            return
+        if self._requests > 0:
+            self._reader.deadline = time.monotonic() + limits.header_timeout_s
+        self._requests += 1
+        try:
+            self.raw_requestline = self.rfile.readline(limits.max_head_bytes + 1)
+            if len(self.raw_requestline) > limits.max_head_bytes:
+                self.send_error(414, f"the request line is longer than {limits.max_head_bytes} bytes")
+                return
+            if not self.parse_request():
+                return
+        except TimeoutError:
+            self.send_error(408, f"the request head did not arrive within {limits.header_timeout_s:g} s")
+            return
+        except OSError:
+            self.close_connection = True
+            return
+        method = getattr(self, "do_" + self.command, None)
+        if method is None:
+            self.send_error(501, f"unsupported method ({self.command!r})")
+            return
+        method()
+        self.wfile.flush()
+
+    def parse_request(self) -> bool:
+        rfile = self.rfile
+        limit = self.app.limits.max_head_bytes
+        self.rfile = _HeadBudget(rfile, limit - len(self.raw_requestline), limit)  # type: ignore[assignment]
+        try:
+            return super().parse_request()
+        finally:
+            self.rfile = rfile
+
+    def handle_expect_100(self) -> bool:
+        """``Expect: 100-continue``: the 100 is sent by :meth:`_read_body`, once the token and the
+        length are accepted, so that a refused client never sends its body."""
+        self._continue_pending = True
+        return True
 
     def do_GET(self) -> None:
         self._dispatch()
@@ -730,14 +963,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._dispatch()
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """http.server's own errors (bad request line, unsupported method, ...) as JSON too."""
+        """http.server's own errors (bad request line, unsupported method, ...) as JSON too; the
+        connection is closed after them."""
         with contextlib.suppress(OSError):
             self.close_connection = True
             try:
                 phrase = HTTPStatus(code).phrase
             except ValueError:
                 phrase = "Error"
-            err = HttpError(code, phrase.lower().replace(" ", "_"), message or phrase)
+            text = message or phrase
+            if explain and code == 431:  # "Line too long": say which limit
+                text = f"{text}: {explain}"
+            err = HttpError(code, phrase.lower().replace(" ", "_"), text)
             self._send_json(code, err.body(), {"Connection": "close"})
 
     def _dispatch(self) -> None:
@@ -745,16 +982,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._encoding = "utf-8"
         split = urllib.parse.urlsplit(self.path)
         self._query = split.query
+        sid: str | None = None
         try:
             public = any(r.template == split.path and not r.auth for r in ROUTES)
             if not public:
                 self._authenticate()
             route, params = match_route(self.command, split.path)
+            sid = params.get("id")
+            if sid is not None:
+                check_sandbox_id(sid)  # fullmatch: "sbx-0123456789%0A" is a 400, not a lookup
             getattr(self, "_h_" + route.handler)(**params)
         except HttpError as exc:
             self._send_error_response(exc)
         except SandboxError as exc:
-            sid = self._sandbox_id_of(split.path)
             if sid is not None and isinstance(exc, SandboxNotFound | ConnectionLost):
                 self.app.cache.drop(sid)
             self._send_error_response(error_for(exc, self._encoding))
@@ -763,11 +1003,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except Exception:
             log.exception("internal error on %s %s", self.command, split.path)
             self._send_error_response(HttpError(500, "internal_error", "internal server error (see the log)"))
-
-    @staticmethod
-    def _sandbox_id_of(path: str) -> str | None:
-        m = re.match(r"^/v1/sandboxes/([^/]+)", path)
-        return urllib.parse.unquote(m.group(1)) if m else None
 
     def _authenticate(self) -> None:
         header = self.headers.get("Authorization", "")
@@ -780,10 +1015,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 "missing or wrong bearer token (Authorization: Bearer <token>)",
                 headers={"WWW-Authenticate": 'Bearer realm="sandbox-rt"'},
             )
+        self._authenticated = True
+        self._reader.deadline = None  # a valid token: the body may be large, each read has io_timeout_s
 
     def _send_error_response(self, err: HttpError) -> None:
         headers = dict(err.headers)
-        if err.close or not self._body_read:
+        if err.close:  # the request's framing is broken, or its body was not (fully) read
+            self.close_connection = True
+        elif not self._body_read:
             self._drain_or_close()
         if self.close_connection:
             headers["Connection"] = "close"
@@ -793,17 +1032,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _drain_or_close(self) -> None:
-        """Before an early error answer: read a small unread body, else drop the connection after."""
-        length = self.headers.get("Content-Length")
-        if self.headers.get("Transfer-Encoding") or (length and not length.isdigit()):
-            self.close_connection = True
-        elif length and int(length) > 0:
-            if int(length) <= 1 << 16:
-                with contextlib.suppress(OSError):
-                    self.rfile.read(int(length))
-            else:
-                self.close_connection = True
+        """Before an early error answer: read a small unread body to keep the connection (at most
+        ``max_unauth_body_bytes`` without a valid token), else close the connection after it."""
         self._body_read = True
+        if self._continue_pending:  # the client waits for "100 Continue", which it will not get
+            self.close_connection = True
+            return
+        try:
+            length = self._body_length()
+        except HttpError:
+            self.close_connection = True
+            return
+        limits = self.app.limits
+        cap = limits.max_drain_bytes if self._authenticated else limits.max_unauth_body_bytes
+        if length > cap:
+            self.close_connection = True
+        elif length > 0:
+            try:
+                if len(self.rfile.read(length)) != length:
+                    self.close_connection = True
+            except OSError:
+                self.close_connection = True
 
     def _send_json(self, status: int, data: Any, headers: Mapping[str, str] | None = None) -> None:
         body = json.dumps(data, ensure_ascii=False).encode("utf-8") + b"\n"
@@ -822,31 +1071,61 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     # -- request parts ---------------------------------------------------------------------------
+    def _body_length(self) -> int:
+        """The declared body length. Framing that could be read two ways is refused (the connection
+        is closed): a Transfer-Encoding (411), several or non-numeric Content-Length headers (400)."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            raise HttpError(
+                411,
+                "length_required",
+                "send the body with a Content-Length (no chunked uploads, no Transfer-Encoding)",
+                close=True,
+            )
+        values = self.headers.get_all("Content-Length") or []
+        if not values:
+            return 0
+        if len(values) > 1:
+            raise HttpError(400, "invalid_argument", "more than one Content-Length header", close=True)
+        raw = values[0].strip()
+        if _CONTENT_LENGTH.fullmatch(raw) is None:
+            raise HttpError(
+                400, "invalid_argument", f"Content-Length {raw!r:.40} is not a number", close=True
+            )
+        return int(raw)
+
     def _read_body(self) -> bytes:
         self._body_read = True
-        if self.headers.get("Transfer-Encoding"):
-            raise HttpError(
-                411, "length_required", "send the body with a Content-Length (no chunked uploads)", close=True
-            )
-        raw = self.headers.get("Content-Length")
-        if raw is None:
-            return b""
-        if not raw.isdigit():
-            raise HttpError(400, "invalid_argument", f"Content-Length {raw!r} is not a number", close=True)
-        length = int(raw)
-        if length > self.app.max_body_bytes:
-            self.close_connection = True
+        length = self._body_length()
+        limits = self.app.limits
+        limit = limits.max_body_bytes if self._authenticated else limits.max_unauth_body_bytes
+        if length > limit:
+            why = "" if self._authenticated else " of a request without a valid token"
             raise HttpError(
                 413,
                 "payload_too_large",
-                f"request body of {length} bytes is larger than the limit of {self.app.max_body_bytes}",
-                extra={"limit_bytes": self.app.max_body_bytes},
+                f"request body of {length} bytes is larger than the limit{why}, {limit} bytes",
+                extra={"limit_bytes": limit},
                 close=True,
             )
-        data = self.rfile.read(length)
+        if length == 0:
+            return b""
+        if self._continue_pending:
+            self._continue_pending = False
+            self.send_response_only(100)
+            self.end_headers()
+        try:
+            data = self.rfile.read(length)
+        except TimeoutError:
+            raise HttpError(
+                408, "request_timeout", "the request body stopped arriving (connection closed)", close=True
+            ) from None
         if len(data) != length:
-            self.close_connection = True
-            raise HttpError(400, "invalid_argument", "request body ended early", close=True)
+            raise HttpError(
+                400,
+                "invalid_argument",
+                f"request body ended early: {len(data)} of {length} bytes (connection closed)",
+                close=True,
+            )
         return data
 
     def _json_body(self, what: str, *, required: bool = True) -> dict[str, Any]:
@@ -1008,6 +1287,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             "env": body.get("env"),
             "stdin": stdin,
         }
+        if body.get("max_output") is not None:
+            kwargs["max_output"] = body["max_output"]
         if not stream:
             r = sb.exec(body["command"], **kwargs)
             self._send_json(200, self._result_json(r, encoding, with_output=True))
@@ -1016,7 +1297,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     @staticmethod
     def _result_json(r: ExecResult, encoding: str, *, with_output: bool) -> dict[str, Any]:
-        out: dict[str, Any] = {"command": r.command, "exit_code": r.exit_code, "duration_s": r.duration_s}
+        out: dict[str, Any] = {
+            "command": r.command,
+            "exit_code": r.exit_code,
+            "duration_s": r.duration_s,
+            "truncated": r.truncated,
+            "stdout_dropped": r.stdout_dropped,
+            "stderr_dropped": r.stderr_dropped,
+        }
         if with_output:
             out.update(
                 encoding=encoding, stdout=_encode(r.stdout, encoding), stderr=_encode(r.stderr, encoding)

@@ -1,6 +1,11 @@
 """The OpenAPI 3.1 document of the HTTP control API (:mod:`sandbox_rt.http_api`), served at
 ``GET /openapi.json``. Kept as Python data beside the server so a unit test can check that every
 route and body field the server implements is documented, and that its answers match the schemas.
+
+Patterns end with ``$(?!\n)``, not ``$`` alone: JSON Schema means ECMA-262 regexes, whose ``$`` is
+the end of the text, but Python's validators (jsonschema, hypothesis) use ``re.search``, whose ``$``
+also matches before a final newline. The lookahead refuses ``"sbx-0123456789\n"`` in both.
+The size and time limits quoted come from :data:`sandbox_rt.limits.HTTP_LIMITS`.
 """
 
 from __future__ import annotations
@@ -9,19 +14,33 @@ import copy
 from typing import Any
 
 from . import __version__
+from .limits import DEFAULT_MAX_OUTPUT, HTTP_LIMITS
 
 __all__ = ["openapi_document"]
 
-_SANDBOX_ID = {"type": "string", "pattern": "^sbx-[0-9a-f]{10}$", "examples": ["sbx-0123456789"]}
+
+def _exact(regex: str) -> str:
+    """A pattern the whole string must match, in ECMA-262 and in Python's ``re.search`` alike."""
+    return f"^{regex}$(?!\\n)"
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and not n % (1 << shift):
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
+_SANDBOX_ID = {"type": "string", "pattern": _exact("sbx-[0-9a-f]{10}"), "examples": ["sbx-0123456789"]}
 _LABELS = {
     "type": "object",
-    "propertyNames": {"pattern": "^[A-Za-z0-9_./-]{1,63}$"},
+    "propertyNames": {"pattern": _exact("[A-Za-z0-9_./-]{1,63}")},
     "additionalProperties": {"type": "string", "maxLength": 256},
     "examples": [{"agent": "a1"}],
 }
 _NULLABLE_NUMBER = {"type": ["number", "null"]}
 _NULLABLE_INT = {"type": ["integer", "null"]}
-_SNAPSHOT_NAME = "^[A-Za-z][A-Za-z0-9_-]{1,39}$"
+_SNAPSHOT_NAME = _exact("[A-Za-z][A-Za-z0-9_-]{1,39}")
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -32,26 +51,51 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+# what any request can get before its route runs: bad framing, the limits of sandbox_rt.limits
+_TRANSPORT_ERRORS = ("400", "408", "411", "413", "414", "431", "503")
+
+
 def _errors(*codes: str) -> dict[str, Any]:
-    return {code: {"$ref": f"#/components/responses/E{code}"} for code in codes}
+    every = sorted({*codes, *_TRANSPORT_ERRORS})
+    return {code: {"$ref": f"#/components/responses/E{code}"} for code in every}
 
 
+_L = HTTP_LIMITS
 _ERROR_TEXT = {
     "400": "Invalid argument: malformed JSON, an unknown field, a wrong type or an out-of-range value "
-    "(the message names the field).",
+    "(the message names the field), or a malformed or repeated Content-Length (connection closed).",
     "401": "Missing or wrong bearer token.",
     "403": "The file operation was refused inside the sandbox (EACCES/EPERM).",
     "404": "No such sandbox (or route, or file for the files endpoints).",
     "405": "The path exists but not with this method (see the Allow header).",
+    "408": f"request_timeout: the request head (and, without a valid token, its body) did not arrive "
+    f"within the head timeout ({_L.header_timeout_s:g} s by default), or an authenticated body stalled "
+    f"for {_L.io_timeout_s:g} s. The connection is closed.",
     "409": "Conflict: the sandbox is not running, or a path is a directory / not a directory.",
-    "411": "A body was sent without Content-Length (chunked uploads are not accepted).",
-    "413": "The request body is larger than the server's limit (64 MiB by default).",
+    "411": "length_required: a body without Content-Length (chunked or any Transfer-Encoding is not "
+    "accepted). The connection is closed.",
+    "413": f"payload_too_large: the request body is larger than the limit (limit_bytes): "
+    f"{_size(_L.max_body_bytes)} by default with a valid token, {_size(_L.max_unauth_body_bytes)} "
+    "without one (public routes). The connection is closed without reading the body.",
+    "414": f"uri_too_long: the request line is longer than {_size(_L.max_head_bytes)}. The connection "
+    "is closed.",
+    "431": f"request_header_fields_too_large: the request line and headers together are larger than "
+    f"{_size(_L.max_head_bytes)}. The connection is closed.",
     "500": "Internal error (details only in the server's log).",
     "502": "The container engine or the sandbox's SSH connection failed.",
-    "503": "The sandbox did not become reachable in time.",
+    "503": f"sandbox_not_ready: the sandbox did not become reachable in time; or server_busy: the "
+    f"server has its maximum of open connections ({_L.max_connections} by default), answered at once "
+    "with Retry-After and the connection closed (open connections are not affected).",
     "504": "The command ran past its timeout; its whole process group was killed. The error carries "
     "the output so far (stdout, stderr in the request's encoding) and timeout_s.",
     "507": "The sandbox's disk is full.",
+}
+
+# what an exec result says of output past max_output (JSON result and the SSE exit event)
+_TRUNCATION: dict[str, Any] = {
+    "truncated": {"type": "boolean", "description": "Output past max_output was dropped."},
+    "stdout_dropped": {"type": "integer", "minimum": 0, "description": "stdout bytes dropped."},
+    "stderr_dropped": {"type": "integer", "minimum": 0, "description": "stderr bytes dropped."},
 }
 
 _SCHEMAS: dict[str, Any] = {
@@ -69,7 +113,8 @@ _SCHEMAS: dict[str, Any] = {
                         "not_found, route_not_found, method_not_allowed, conflict, payload_too_large, "
                         "command_timeout, file_not_found, file_permission_denied, file_conflict, "
                         "connection_lost, backend_error, backend_permission_denied, sandbox_not_ready, "
-                        "insufficient_storage, internal_error.",
+                        "insufficient_storage, internal_error, request_timeout, length_required, "
+                        "uri_too_long, request_header_fields_too_large, server_busy.",
                     },
                     "message": {"type": "string", "description": "Human-readable; names the bad field."},
                     "type": {"type": "string", "description": "The runtime's exception class."},
@@ -79,6 +124,7 @@ _SCHEMAS: dict[str, Any] = {
                     "stdout": {"type": "string", "description": "command_timeout: output so far."},
                     "stderr": {"type": "string", "description": "command_timeout: output so far."},
                     "limit_bytes": {"type": "integer", "description": "payload_too_large: the limit."},
+                    "limit": {"type": "integer", "description": "server_busy: the connection limit."},
                 },
             }
         },
@@ -95,7 +141,7 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "hostname": {
                 "type": ["string", "null"],
-                "pattern": "^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$",
+                "pattern": _exact("(?!-)[A-Za-z0-9-]{1,63}(?<!-)"),
                 "description": "RFC 1123 host name (default: the sandbox id).",
             },
             "cpus": {"type": "number", "exclusiveMinimum": 0, "default": 1, "description": "<= host cores"},
@@ -241,7 +287,7 @@ _SCHEMAS: dict[str, Any] = {
             "cwd": {"type": ["string", "null"], "description": "Absolute path in the sandbox."},
             "env": {
                 "type": ["object", "null"],
-                "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                "propertyNames": {"pattern": _exact("[A-Za-z_][A-Za-z0-9_]*")},
                 "additionalProperties": {"type": "string"},
             },
             "stdin": {"type": ["string", "null"], "description": "Standard input as UTF-8 text."},
@@ -262,15 +308,33 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "true: answer with server-sent events. Default: true if the Accept header "
                 "names text/event-stream, else false.",
             },
+            "max_output": {
+                "type": ["integer", "null"],
+                "minimum": 1,
+                "description": "Bytes of each stream kept in the result; the rest is dropped and counted "
+                f"(truncated, stdout_dropped, stderr_dropped). Default {DEFAULT_MAX_OUTPUT} (64 MiB). "
+                "Server-sent events carry all output regardless.",
+            },
         },
     },
     "ExecResult": {
         "type": "object",
-        "required": ["command", "exit_code", "duration_s", "encoding", "stdout", "stderr"],
+        "required": [
+            "command",
+            "exit_code",
+            "duration_s",
+            "truncated",
+            "stdout_dropped",
+            "stderr_dropped",
+            "encoding",
+            "stdout",
+            "stderr",
+        ],
         "properties": {
             "command": {"type": "string", "description": "The command line as run."},
             "exit_code": {"type": "integer", "description": "Non-zero exits are results, not errors."},
             "duration_s": {"type": "number"},
+            **_TRUNCATION,
             "encoding": {"type": "string", "enum": ["utf-8", "base64"]},
             "stdout": {"type": "string"},
             "stderr": {"type": "string"},
@@ -285,11 +349,12 @@ _SCHEMAS: dict[str, Any] = {
     "ExecExitEvent": {
         "type": "object",
         "description": "data of the final `event: exit` server-sent event.",
-        "required": ["command", "exit_code", "duration_s"],
+        "required": ["command", "exit_code", "duration_s", "truncated", "stdout_dropped", "stderr_dropped"],
         "properties": {
             "command": {"type": "string"},
             "exit_code": {"type": "integer"},
             "duration_s": {"type": "number"},
+            **_TRUNCATION,
         },
     },
     "ExecErrorEvent": {
@@ -382,7 +447,7 @@ _PATHS: dict[str, Any] = {
             "operationId": "health",
             "summary": "Liveness probe (no authentication)",
             "security": [],
-            "responses": {"200": _json(_ref("Health"), "The server is up.")},
+            "responses": {"200": _json(_ref("Health"), "The server is up."), **_errors()},
         }
     },
     "/openapi.json": {
@@ -390,7 +455,7 @@ _PATHS: dict[str, Any] = {
             "operationId": "openapi",
             "summary": "This OpenAPI document (no authentication)",
             "security": [],
-            "responses": {"200": _json({"type": "object"}, "The OpenAPI 3.1 document.")},
+            "responses": {"200": _json({"type": "object"}, "The OpenAPI 3.1 document."), **_errors()},
         }
     },
     "/v1/sandboxes": {
@@ -422,7 +487,7 @@ _PATHS: dict[str, Any] = {
                     "description": "KEY=VALUE; repeat for several (all must match).",
                     "style": "form",
                     "explode": True,
-                    "schema": {"type": "array", "items": {"type": "string", "pattern": "^[^=]+=.*$"}},
+                    "schema": {"type": "array", "items": {"type": "string", "pattern": "^[^=]+="}},
                 }
             ],
             "responses": {
@@ -476,10 +541,11 @@ _PATHS: dict[str, Any] = {
             "parameters": [_PATH_PARAM],
             "responses": {
                 "200": {
-                    "description": "The file's exact bytes.",
+                    "description": "The file's exact bytes (a regular file of at most 256 MiB; larger "
+                    "is 413, a device, FIFO or socket 409).",
                     "content": {"application/octet-stream": {"schema": {}}},
                 },
-                **_errors("400", "401", "403", "404", "409", "502"),
+                **_errors("400", "401", "403", "404", "409", "413", "502"),
             },
         },
         "put": {
@@ -492,7 +558,7 @@ _PATHS: dict[str, Any] = {
                     "in": "query",
                     "required": False,
                     "description": "Octal permissions, e.g. 644 or 0755.",
-                    "schema": {"type": "string", "pattern": "^0?[0-7]{3,4}$"},
+                    "schema": {"type": "string", "pattern": _exact("0?[0-7]{3,4}")},
                 },
             ],
             "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {}}}},
@@ -555,7 +621,12 @@ _DOCUMENT: dict[str, Any] = {
         "title": "sandbox_rt control API",
         "version": __version__,
         "summary": "Ephemeral, hardened, network-isolated Linux sandboxes for LLM agents",
-        "description": "See docs/http-api.md. All /v1 routes need `Authorization: Bearer <token>`.",
+        "description": "See docs/http-api.md. All /v1 routes need `Authorization: Bearer <token>`. "
+        f"Limits (defaults): a request head of at most {_size(_L.max_head_bytes)} arriving within "
+        f"{_L.header_timeout_s:g} s; a body of at most {_size(_L.max_body_bytes)} with a valid token, "
+        f"{_size(_L.max_unauth_body_bytes)} without; {_L.max_connections} open connections; a "
+        f"keep-alive connection idle for {_L.idle_timeout_s:g} s is closed. A running command (JSON or "
+        "server-sent events) is bounded by its own timeout only.",
         "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
     },
     "servers": [{"url": "http://127.0.0.1:8787", "description": "the default bind address"}],
@@ -564,7 +635,18 @@ _DOCUMENT: dict[str, Any] = {
     "components": {
         "schemas": _SCHEMAS,
         "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
-        "responses": {f"E{code}": _json(_ref("Error"), text) for code, text in _ERROR_TEXT.items()},
+        "responses": {
+            **{f"E{code}": _json(_ref("Error"), text) for code, text in _ERROR_TEXT.items()},
+            "E503": {
+                **_json(_ref("Error"), _ERROR_TEXT["503"]),
+                "headers": {
+                    "Retry-After": {
+                        "schema": {"type": "integer"},
+                        "description": "server_busy: seconds to wait before connecting again.",
+                    }
+                },
+            },
+        },
     },
 }
 

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import secrets
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import requests
 
 import sandbox_rt
 from sandbox_rt.http_api import ApiServer
+from sandbox_rt.limits import HttpLimits
 
 pytestmark = pytest.mark.slow
 
@@ -212,6 +214,29 @@ def test_timeout_kills_and_returns_the_output_so_far(
         events = [(name, data) for _, name, data in sse_events(resp)]
     assert events[0] == ("stdout", {"data": "a\n"})
     assert events[-1][0] == "error" and events[-1][1]["status"] == 504
+
+
+def test_short_timeouts_never_cut_a_running_command(
+    manager: sandbox_rt.Manager, new_sandbox: dict[str, Any]
+) -> None:
+    """A server whose head, idle and I/O timeouts are 0.5 s: a command that stays silent for 3 s,
+    streamed or not, still delivers all its output; a slow head is cut off meanwhile."""
+    limits = HttpLimits(header_timeout_s=0.5, idle_timeout_s=0.5, io_timeout_s=0.5)
+    with ApiServer(manager, token=TOKEN, host="127.0.0.1", port=0, limits=limits) as short:
+        url = f"{short.url}/v1/sandboxes/{new_sandbox['id']}/exec"
+        body = {"command": "echo a; sleep 3; echo b", "stream": True, "timeout": 60}
+        with requests.post(url, json=body, headers=AUTH, stream=True, timeout=60) as resp:
+            assert resp.status_code == 200
+            events = [(name, data) for _, name, data in sse_events(resp)]
+        assert "".join(d["data"] for name, d in events if name == "stdout") == "a\nb\n"
+        assert events[-1][0] == "exit" and events[-1][1]["exit_code"] == 0
+        body = {"command": "sleep 3; echo done", "timeout": 60}
+        r = requests.post(url, json=body, headers=AUTH, timeout=60)
+        assert r.status_code == 200 and r.json()["stdout"] == "done\n"
+        with socket.create_connection((short.host, short.port), timeout=30) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # and never the rest of the head
+            answer = sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
 
 
 def test_auth_and_validation_against_the_real_server(

@@ -43,6 +43,7 @@ from sandbox_rt import (
 )
 from sandbox_rt.http_api import ROUTES, ApiServer, load_token, serve
 from sandbox_rt.http_openapi import openapi_document
+from sandbox_rt.validation import check_max_bytes
 
 TOKEN = "t0k-" + secrets.token_urlsafe(24)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -107,12 +108,19 @@ class FakeSandbox:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
+        max_output: int | None = None,
     ) -> ExecResult:
         self._fail("exec")
-        self.calls.append(("exec", dict(command=command, timeout=timeout, cwd=cwd, env=env, stdin=stdin)))
+        call = dict(command=command, timeout=timeout, cwd=cwd, env=env, stdin=stdin)
+        if max_output is not None:
+            call["max_output"] = check_max_bytes(max_output, "max_output")  # as Sandbox.exec does
+        self.calls.append(("exec", call))
         text = command if isinstance(command, str) else " ".join(command)
         data = stdin.encode() if isinstance(stdin, str) else stdin or b""
-        return self.mgr.exec_result or ExecResult(text, b"out:" + data, b"err", 0, 0.5)
+        out = b"out:" + data
+        if max_output is not None and len(out) > max_output:  # what the executor keeps and counts
+            return ExecResult(text, out[:max_output], b"err", 0, 0.5, stdout_dropped=len(out) - max_output)
+        return self.mgr.exec_result or ExecResult(text, out, b"err", 0, 0.5)
 
     def exec_stream(
         self,
@@ -501,6 +509,9 @@ def test_exec_json_result(api: Callable[..., requests.Response], mgr: FakeManage
         "command": "echo a b",
         "exit_code": 0,
         "duration_s": 0.5,
+        "truncated": False,
+        "stdout_dropped": 0,
+        "stderr_dropped": 0,
         "encoding": "utf-8",
         "stdout": "out:héllo",
         "stderr": "err",
@@ -516,6 +527,21 @@ def test_exec_json_result(api: Callable[..., requests.Response], mgr: FakeManage
             "stdin": "héllo".encode(),
         },
     )
+
+
+def test_exec_keeps_max_output_and_says_what_it_dropped(
+    api: Callable[..., requests.Response], mgr: FakeManager
+) -> None:
+    sid = make_box(api)
+    body = {"command": "x", "stdin": "0123456789", "max_output": 6}
+    r = api("POST", f"/v1/sandboxes/{sid}/exec", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["stdout"] == "out:01" and got["truncated"] is True and got["stdout_dropped"] == 8
+    assert mgr.handed[0].calls[-1][1]["max_output"] == 6
+    for bad in (0, -1, "6", 1.5, True):
+        r = api("POST", f"/v1/sandboxes/{sid}/exec", json={"command": "x", "max_output": bad})
+        assert r.status_code == 400, (bad, r.text)
 
 
 def test_exec_output_encodings(api: Callable[..., requests.Response], mgr: FakeManager) -> None:
@@ -619,7 +645,8 @@ def test_sse_sends_the_first_chunk_before_the_command_ends(
     release.set()
     rest = list(events)
     assert rest[:2] == [("stderr", {"data": "warn\n"}), ("stdout", {"data": "2\n"})]
-    assert rest[2] == ("exit", {"command": "loop", "exit_code": 3, "duration_s": 0.25})
+    exit_event = {"command": "loop", "exit_code": 3, "duration_s": 0.25}
+    assert rest[2] == ("exit", {**exit_event, "truncated": False, "stdout_dropped": 0, "stderr_dropped": 0})
     assert len(rest) == 3
 
 
