@@ -45,6 +45,10 @@ class Settings:
     dnsmasq_conf_dir: Path = Path("/etc/sandbox_rt/dnsmasq.d")
     dnsmasq_conf: Path = Path("/etc/sandbox_rt/dnsmasq.conf")
     dnsmasq_pidfile: Path = Path("/run/sandbox_rt/dnsmasq.pid")
+    # each sandbox whose egress list has names gets its own resolver (dnsmasq) on dns_server, one port
+    # of this range each (the sandbox's DNS is DNATed to it; see sandbox_rt/egress_dns.py)
+    egress_dns_port_min: int = 20000
+    egress_dns_port_max: int = 21999
     idmap_base: int = 100000
     idmap_size: int = 65536
     # LXC: each sandbox maps its ids to a host range of its own (after the template's), so an escape
@@ -117,6 +121,11 @@ class Settings:
                 raise ConfigError(f"{name}={value} is not inside network_cidr={net}")
         if ipaddress.IPv4Address(self.ip_pool_start) > ipaddress.IPv4Address(self.ip_pool_end):
             raise ConfigError(f"ip_pool_start={self.ip_pool_start} is after ip_pool_end={self.ip_pool_end}")
+        if not 1024 <= self.egress_dns_port_min <= self.egress_dns_port_max <= 65535:
+            raise ConfigError(
+                f"egress_dns_port_min..max={self.egress_dns_port_min}..{self.egress_dns_port_max} "
+                "must be an ascending range of ports within 1024-65535"
+            )
         if self.backend not in ("lxc", "proxmox"):
             raise ConfigError(f"backend={self.backend!r} must be 'lxc' or 'proxmox'")
         for name in ("ssh_ready_timeout_s", "command_timeout_s", "pve_task_timeout_s"):

@@ -14,6 +14,7 @@ __all__ = [
     "ConnectionLost",
     "ExecError",
     "FileOperationError",
+    "FirewallDisabled",
     "HostKeyMismatch",
     "PermissionDenied",
     "SandboxError",
@@ -51,6 +52,11 @@ class BackendError(SandboxError):
 
 class PermissionDenied(BackendError):
     """The engine refused the call for lack of a privilege (e.g. a PVE token without VM.Clone)."""
+
+
+class FirewallDisabled(BackendError):
+    """The firewall that gates a sandbox's network is not in force (PVE: the datacenter firewall
+    is off, so no CT firewall applies); nothing was created or changed."""
 
 
 class SandboxNotFound(SandboxError, LookupError):

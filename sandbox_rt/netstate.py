@@ -3,19 +3,23 @@
 The state survives any reload of the sandbox firewall. For every sandbox with internet or an egress
 list, ``settings.net_state_dir`` holds:
 
-- ``<id>.json``: what the runtime decided (address, internet on/off, egress entries);
+- ``<id>.json``: what the runtime decided (address, internet on/off, egress entries, resolver port);
 - ``<id>.nft``: the nft commands that (re)create it; the role's nft file ends with
   ``include "<net_state_dir>/*.nft"``, so every load of the tables (site.yml, the boot unit,
-  ``nft -f`` by hand) restores all sandboxes in the same atomic transaction.
+  ``nft -f`` by hand) restores all sandboxes in the same atomic transaction;
+- ``<id>.dnsmasq.conf``: the sandbox's own resolver, if its list has domain names (egress_dns.py).
 
 Egress allow-list (internet off, only some destinations): per sandbox a chain ``egress_<hex>`` with
 two sets, ``egress_<hex>_net`` (the IPv4 addresses and networks given) and ``egress_<hex>_dns`` (what
 the domain names resolve to), and an element ``<ip> : jump egress_<hex>`` in the role's verdict map
-``egress_sources``. Domain names are resolved by the host's dnsmasq, which adds each answer to the
-sets named for that domain: the runtime writes ``<dnsmasq_conf_dir>/sandbox_rt-egress.conf`` with
-one ``nftset=`` line per domain listing every sandbox's set (dnsmasq uses only the first line it has
-for a name) and restarts dnsmasq when that file changes. Sandboxes with domain entries may query
-the host's DNS (set ``dns_clients``); DNS stays closed to the others.
+``egress_sources``. Domain names are resolved by the sandbox's own resolver (egress_dns.py), which
+forwards only the listed names and adds each answer to ``egress_<hex>_dns``; the element
+``<ip> : <port>`` in the role's map ``dns_resolvers`` sends the sandbox's DNS to it. Sandboxes without
+names in their list get no DNS; those with internet use the host's shared dnsmasq.
+
+Every change of one sandbox is one nft transaction (``nft -f -``): it either applies in full or
+leaves the live table as it was, and the files are put back when it fails. A bad list can neither
+leave the sandbox unfiltered nor touch another sandbox's chain, sets or elements.
 """
 
 from __future__ import annotations
@@ -25,22 +29,20 @@ import dataclasses
 import ipaddress
 import json
 import subprocess
-import time
 from pathlib import Path
 
 from .config import Settings
+from .egress_dns import EgressResolvers, PortBusy
 from .errors import BackendError
 from .filelock import file_lock
 from .network import run_nft
 from .validation import split_egress
 
-__all__ = ["DNS_CLIENTS_SET", "EGRESS_MAP", "NetState", "SandboxNet"]
+__all__ = ["DNS_RESOLVER_MAP", "EGRESS_MAP", "NetState", "SandboxNet"]
 
 EGRESS_MAP = "egress_sources"  # ipv4_addr : verdict, defined by the role's nft file
-DNS_CLIENTS_SET = "dns_clients"  # sandboxes that may query the host's DNS without internet
-DNSMASQ_FILE = "sandbox_rt-egress.conf"
-DNSMASQ_UNIT = "sandbox-dnsmasq.service"  # the role's unit name (hosts with systemd)
-_DNSMASQ_READY_S = 10.0
+DNS_RESOLVER_MAP = "dns_resolvers"  # ipv4_addr : inet_service (the sandbox's own resolver), the role's
+_PORT_ATTEMPTS = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +53,15 @@ class SandboxNet:
     ip: str
     internet: bool = False
     egress: tuple[str, ...] = ()
+    dns_port: int | None = None  # its own resolver's port, while the egress list has names
 
     @property
     def chain(self) -> str:
         return "egress_" + self.sandbox_id.removeprefix("sbx-")
+
+    @property
+    def names(self) -> list[str]:
+        return split_egress(self.egress)[1]
 
     @property
     def empty(self) -> bool:
@@ -62,45 +69,112 @@ class SandboxNet:
 
 
 class NetState:
-    """Writes, applies and removes the per-sandbox state files; keeps dnsmasq's egress file."""
+    """Writes, applies and removes the per-sandbox state files, nft objects and resolvers."""
 
     def __init__(self, settings: Settings) -> None:
         self.dir = settings.net_state_dir
         self.family = settings.nft_family
         self.table = settings.nft_table
         self.internet_set = settings.nft_internet_set
-        self.dnsmasq_dir = settings.dnsmasq_conf_dir
-        self.dnsmasq_conf = settings.dnsmasq_conf
-        self.dnsmasq_pidfile = settings.dnsmasq_pidfile
-        self.dns_server = settings.dns_server
+        self.resolvers = EgressResolvers(settings)
+        self.home = settings.lxc_path  # recorded with each state: gc only sweeps its own backend's
 
     # -- nft -------------------------------------------------------------------------------------
     def _nft(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return run_nft(*args, table=f"{self.family} {self.table}", step="network", check=check, timeout=15)
 
+    def _nft_script(self, script: str) -> subprocess.CompletedProcess[str]:
+        table = f"{self.family} {self.table}"
+        return run_nft("-f", "-", table=table, step="network", check=False, script=script, timeout=15)
+
+    def _transact(self, script: str, what: str) -> None:
+        """Run ``script`` as one nft transaction: all of it or nothing (the live table stays as it was)."""
+        proc = self._nft_script(script)
+        if proc.returncode != 0:
+            raise BackendError(
+                f"nft refused {what}; the live rules are unchanged", step="network", detail=proc.stderr
+            )
+
     def fragment(self, net: SandboxNet) -> str:
         """The nft commands that (re)create ``net`` in a freshly loaded table (idempotent)."""
+        lines = [f"# sandbox_rt: network state of {net.sandbox_id} (written by the runtime)"]
+        return "\n".join(lines + self._create(net)) + "\n"
+
+    def _create(self, net: SandboxNet, *, flush_net: bool = False, flush_dns: bool = False) -> list[str]:
+        """Commands that add ``net``'s objects; ``flush_*`` empty its sets first (a replaced list)."""
         t = f"{self.family} {self.table}"
         ip = str(ipaddress.IPv4Address(net.ip))
-        lines = [f"# sandbox_rt: network state of {net.sandbox_id} (written by the runtime)"]
+        lines: list[str] = []
         if net.internet:
             lines.append(f"add element {t} {self.internet_set} {{ {ip} }}")
-        if net.egress:
-            nets, names = split_egress(net.egress)
-            c = net.chain
+        if not net.egress:
+            return lines
+        nets, names = split_egress(net.egress)
+        c = net.chain
+        lines.append(f"add set {t} {c}_net {{ type ipv4_addr; flags interval; }}")
+        if flush_net:
+            lines.append(f"flush set {t} {c}_net")
+        lines.append(f"add set {t} {c}_dns {{ type ipv4_addr; }}")
+        if flush_dns:
+            lines.append(f"flush set {t} {c}_dns")
+        lines += [
+            f"add chain {t} {c}",
+            f"flush chain {t} {c}",
+            f"add rule {t} {c} ip daddr @{c}_net accept",
+            f"add rule {t} {c} ip daddr @{c}_dns accept",
+            f"add element {t} {EGRESS_MAP} {{ {ip} : jump {c} }}",
+        ]
+        if nets:
+            # nft refuses overlapping intervals in one set (192.0.2.0/24 and 192.0.2.7): merge them
+            merged = ipaddress.collapse_addresses(ipaddress.IPv4Network(n) for n in nets)
+            elements = [str(m.network_address) if m.prefixlen == 32 else str(m) for m in merged]
+            lines.append(f"add element {t} {c}_net {{ {', '.join(elements)} }}")
+        if names and net.dns_port is not None:
+            lines.append(f"add element {t} {DNS_RESOLVER_MAP} {{ {ip} : {int(net.dns_port)} }}")
+        return lines
+
+    def _remove(self, net: SandboxNet, *, internet: bool, egress: bool, dns: bool) -> list[str]:
+        """Commands that remove ``net``'s live objects whether or not they exist (each is added,
+        then deleted, in the same transaction): the internet element, the egress chain, its sets
+        and map element, the resolver element."""
+        t = f"{self.family} {self.table}"
+        ip = str(ipaddress.IPv4Address(net.ip))
+        c = net.chain
+        lines: list[str] = []
+        if internet:
+            lines += [f"add element {t} {self.internet_set} {{ {ip} }}"]
+            lines += [f"delete element {t} {self.internet_set} {{ {ip} }}"]
+        if dns and net.dns_port is not None:
+            lines += [f"add element {t} {DNS_RESOLVER_MAP} {{ {ip} : {int(net.dns_port)} }}"]
+            lines += [f"delete element {t} {DNS_RESOLVER_MAP} {{ {ip} }}"]
+        if egress:
+            # map element first (it jumps to the chain), then the chain (its rules use the sets)
             lines += [
-                f"add set {t} {c}_net {{ type ipv4_addr; flags interval; }}",
-                f"add set {t} {c}_dns {{ type ipv4_addr; }}",
                 f"add chain {t} {c}",
-                f"flush chain {t} {c}",
-                f"add rule {t} {c} ip daddr @{c}_net accept",
-                f"add rule {t} {c} ip daddr @{c}_dns accept",
                 f"add element {t} {EGRESS_MAP} {{ {ip} : jump {c} }}",
+                f"delete element {t} {EGRESS_MAP} {{ {ip} }}",
+                f"flush chain {t} {c}",
+                f"delete chain {t} {c}",
             ]
-            if nets:
-                lines.append(f"add element {t} {c}_net {{ {', '.join(nets)} }}")
-            if names:
-                lines.append(f"add element {t} {DNS_CLIENTS_SET} {{ {ip} }}")
+            for suffix, flags in (("_net", " flags interval;"), ("_dns", "")):
+                lines.append(f"add set {t} {c}{suffix} {{ type ipv4_addr;{flags} }}")
+                lines.append(f"delete set {t} {c}{suffix}")
+        return lines
+
+    def replace_script(self, old: SandboxNet | None, new: SandboxNet) -> str:
+        """The one transaction that turns the live objects of ``old`` into those of ``new``."""
+        lines = [f"# sandbox_rt: replace the network state of {new.sandbox_id}"]
+        if old is not None:
+            old_dns = bool(old.names) and old.dns_port is not None
+            new_dns = bool(new.names) and new.dns_port is not None
+            lines += self._remove(
+                old,
+                internet=old.internet and not new.internet,
+                egress=bool(old.egress) and not new.egress,
+                dns=old_dns and (not new_dns or old.dns_port != new.dns_port),
+            )
+        removed_names = bool(set(old.names) - set(new.names)) if old is not None else False
+        lines += self._create(new, flush_net=True, flush_dns=removed_names)
         return "\n".join(lines) + "\n"
 
     # -- files -----------------------------------------------------------------------------------
@@ -111,11 +185,13 @@ class NetState:
         path = self._paths(sandbox_id)[0]
         try:
             data = json.loads(path.read_text())
+            port = data.get("dns_port")
             return SandboxNet(
                 sandbox_id=str(data["sandbox_id"]),
                 ip=str(data["ip"]),
                 internet=bool(data.get("internet", False)),
                 egress=tuple(str(e) for e in data.get("egress", [])),
+                dns_port=int(port) if port is not None else None,
             )
         except FileNotFoundError:
             return None
@@ -140,60 +216,139 @@ class NetState:
             meta.unlink(missing_ok=True)
             return
         self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        for path, text in ((meta, json.dumps(dataclasses.asdict(net), indent=1)), (frag, self.fragment(net))):
+        data = {**dataclasses.asdict(net), "lxc_path": str(self.home)}
+        for path, text in ((meta, json.dumps(data, indent=1)), (frag, self.fragment(net))):
             tmp = path.with_name("." + path.name + ".tmp")  # the nft include glob skips dot files
             tmp.write_text(text)
             tmp.replace(path)
 
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        return file_lock(self.dir / ".lock")
+
     # -- operations ------------------------------------------------------------------------------
-    def apply(self, net: SandboxNet) -> None:
-        """Record ``net`` and make it live (a new sandbox, or egress set on a running one)."""
-        old = self.read(net.sandbox_id)
-        if old is not None and old.egress and old.egress != net.egress:
-            self._remove_egress(old)
-        if not net.internet and old is not None and old.internet:
-            self._drop_element(self.internet_set, net.ip)  # revoke, then record
-        self._write(net)
-        if not net.empty:
-            try:
-                self._nft("-f", str(self._paths(net.sandbox_id)[1]))
-            except BackendError:
-                self._write(dataclasses.replace(net, internet=False, egress=()))
-                raise
-        if (old is not None and split_egress(old.egress)[1]) or split_egress(net.egress)[1]:
-            self.sync_dnsmasq()
+    def apply(self, net: SandboxNet) -> SandboxNet:
+        """Record ``net`` and make it live (a new sandbox, or egress set on a running one); returns
+        what was recorded (with its resolver port). All or nothing: on any failure the previous
+        state - files, live rules, resolver - is what remains, and the error is raised."""
+        with self._locked():
+            old = self.read(net.sandbox_id)
+            old_conf = self.resolvers.read(net.sandbox_id)
+            keep = old.dns_port if old is not None else None  # a sandbox keeps its port while it has one
+            new = dataclasses.replace(net, dns_port=keep if net.names else None)
+            busy: set[int] = set()
+            for _attempt in range(_PORT_ATTEMPTS):
+                if new.names and new.dns_port is None:
+                    taken = {n.dns_port for n in self.all() if n.dns_port is not None} | busy
+                    new = dataclasses.replace(new, dns_port=self.resolvers.pick_port(taken))
+                try:
+                    self._apply(old, old_conf, new)
+                except PortBusy:
+                    busy.add(int(new.dns_port or 0))
+                    new = dataclasses.replace(new, dns_port=None)
+                    continue
+                break
+            else:
+                raise BackendError(f"no free port for the resolver of {net.sandbox_id}", step="network")
+            if not new.names and old_conf is not None:
+                self.resolvers.stop(net.sandbox_id)  # its map element is gone: no DNS reaches it now
+                self.resolvers.write(net.sandbox_id, None)
+            return new
+
+    def _apply(self, old: SandboxNet | None, old_conf: str | None, new: SandboxNet) -> None:
+        sid = new.sandbox_id
+        conf = None
+        if new.names and new.dns_port is not None:
+            conf = self.resolvers.config(sid, new.dns_port, new.chain + "_dns", new.names)
+        try:
+            self._write(new)  # record, then grant
+            if conf is not None:
+                self.resolvers.write(sid, conf)
+                if conf != old_conf or not self.resolvers.running(sid):
+                    self.resolvers.start(sid, int(new.dns_port or 0))
+            self._transact(self.replace_script(old, new), f"the network state of {sid}")
+        except BaseException as exc:
+            self._restore(new, old, old_conf, exc)
+            raise
+
+    def _restore(
+        self, new: SandboxNet, old: SandboxNet | None, old_conf: str | None, exc: BaseException
+    ) -> None:
+        """Put back the files and the resolver of ``old`` after a failed change to ``new``. The live
+        nft rules need nothing: the transaction failed as a whole, or never ran."""
+        sid = new.sandbox_id
+        try:
+            self._write(old if old is not None else SandboxNet(sid, new.ip))
+            if old_conf is None or old is None or old.dns_port is None:
+                self.resolvers.stop(sid)
+                self.resolvers.write(sid, None)
+            elif self.resolvers.read(sid) != old_conf or not self.resolvers.running(sid):
+                self.resolvers.write(sid, old_conf)
+                self.resolvers.start(sid, old.dns_port)
+        except (OSError, BackendError) as err:  # keep the first error; say what is left
+            exc.add_note(f"restoring the previous network state of {sid} also failed: {err}")
 
     def set_internet(self, sandbox_id: str, ip: str, enabled: bool) -> None:
         """Toggle internet. On: record, then grant. Off: revoke, then record. So a crash or a
         reload in between never leaves a permission without its state file."""
-        old = self.read(sandbox_id) or SandboxNet(sandbox_id, ip)
-        net = dataclasses.replace(old, ip=ip, internet=enabled)
-        if enabled:
-            self._write(net)
-            addr = f"{{ {ipaddress.IPv4Address(ip)} }}"
-            self._nft("add", "element", self.family, self.table, self.internet_set, addr)
-        else:
-            self._drop_element(self.internet_set, ip)
-            self._write(net)
+        with self._locked():
+            old = self.read(sandbox_id) or SandboxNet(sandbox_id, ip)
+            net = dataclasses.replace(old, ip=ip, internet=enabled)
+            if enabled:
+                self._write(net)
+                addr = f"{{ {ipaddress.IPv4Address(ip)} }}"
+                self._nft("add", "element", self.family, self.table, self.internet_set, addr)
+            else:
+                self._drop_element(self.internet_set, ip)
+                self._write(net)
 
     def remove(self, sandbox_id: str, ip: str | None) -> bool:
-        """Forget the sandbox's state and remove its live elements, chain and sets (idempotent).
+        """Forget the sandbox's state: its live elements, chain and sets (one transaction), then its
+        resolver, then its files (idempotent). True if it had any (its connections should then be
+        forgotten too). A sandbox without a state file has nothing live: every change records
+        before it grants and revokes before it forgets, so destroy of a plain sandbox runs no
+        ``nft`` at all."""
+        if not self._paths(sandbox_id)[0].exists() and not self._has_resolver(sandbox_id):
+            return False  # a plain sandbox: no lock, no nft, no process
+        with self._locked():
+            old = self.read(sandbox_id)
+            has_resolver = self._has_resolver(sandbox_id)
+            if old is None and not has_resolver:
+                return False
+            if old is not None:
+                net = dataclasses.replace(old, ip=ip or old.ip)
+                script = "\n".join(self._remove(net, internet=True, egress=bool(old.egress), dns=True)) + "\n"
+                proc = self._nft_script(script)
+                if proc.returncode != 0 and self._table_loaded():  # no table: nothing of it is live
+                    raise BackendError(
+                        f"cannot remove the network state of {sandbox_id}", step="network", detail=proc.stderr
+                    )
+            if has_resolver:
+                self.resolvers.stop(sandbox_id)
+                self.resolvers.write(sandbox_id, None)
+            for path in self._paths(sandbox_id):
+                path.unlink(missing_ok=True)
+            return True
 
-        True if it had any (its connections should then be forgotten too). A sandbox without a
-        state file has nothing live: every change records before it grants and revokes before it
-        forgets (see :meth:`set_internet`), so destroy of a plain sandbox runs no ``nft`` at all.
-        """
-        old = self.read(sandbox_id)
-        if old is None:
-            return False
-        self._drop_element(self.internet_set, ip or old.ip)
-        if old.egress:
-            self._remove_egress(old)
-        for path in self._paths(sandbox_id):
-            path.unlink(missing_ok=True)
-        if split_egress(old.egress)[1]:
-            self.sync_dnsmasq()
-        return True
+    def _has_resolver(self, sandbox_id: str) -> bool:
+        return self.resolvers.read(sandbox_id) is not None or self.resolvers.running(sandbox_id)
+
+    def _table_loaded(self) -> bool:
+        return self._nft("list", "table", self.family, self.table, check=False).returncode == 0
+
+    def orphans(self, busy: set[str]) -> list[str]:
+        """Sandboxes of this LXC path with network state but no container directory (a destroy
+        that failed after the container went), except ``busy`` ones (creates in progress)."""
+        out: list[str] = []
+        for path in sorted(self.dir.glob("sbx-*.json")) if self.dir.is_dir() else []:
+            sid = path.stem
+            try:
+                home = json.loads(path.read_text()).get("lxc_path")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if home == str(self.home) and sid not in busy and not (self.home / sid).exists():
+                out.append(sid)
+        return out
 
     def _drop_element(self, set_name: str, ip: str) -> None:
         """Make sure ``ip`` is not in ``set_name``: one nft transaction that adds then deletes it,
@@ -206,104 +361,3 @@ class NetState:
         listed = self._nft("list", "set", self.family, self.table, set_name, check=False)
         if listed.returncode == 0 and addr in listed.stdout.split("elements", 1)[-1]:
             raise BackendError(f"cannot remove {addr} from {set_name}", step="network", detail=proc.stderr)
-
-    def _nft_script(self, script: str) -> subprocess.CompletedProcess[str]:
-        return run_nft(
-            "-f",
-            "-",
-            table=f"{self.family} {self.table}",
-            step="network",
-            check=False,
-            script=script,
-            timeout=15,
-        )
-
-    def _remove_egress(self, net: SandboxNet) -> None:
-        t = (self.family, self.table)
-        ip = str(ipaddress.IPv4Address(net.ip))
-        # map element first (it jumps to the chain), then the chain (its rules use the sets)
-        self._nft("delete", "element", *t, EGRESS_MAP, f"{{ {ip} }}", check=False)
-        self._nft("delete", "element", *t, DNS_CLIENTS_SET, f"{{ {ip} }}", check=False)
-        self._nft("delete", "chain", *t, net.chain, check=False)
-        for suffix in ("_net", "_dns"):
-            self._nft("delete", "set", *t, net.chain + suffix, check=False)
-        if self._nft("list", "chain", *t, net.chain, check=False).returncode == 0:
-            raise BackendError(f"cannot remove the egress chain of {net.sandbox_id}", step="network")
-
-    # -- dnsmasq ---------------------------------------------------------------------------------
-    def dnsmasq_config(self, nets: list[SandboxNet]) -> str:
-        """One ``nftset=/<domain>/...`` line per domain naming the set of every sandbox allowing it."""
-        by_domain: dict[str, list[str]] = {}
-        for net in nets:
-            for name in split_egress(net.egress)[1]:
-                by_domain.setdefault(name, []).append(f"4#{self.family}#{self.table}#{net.chain}_dns")
-        lines = ["# sandbox_rt: egress allow-lists by domain (written by the runtime; do not edit)"]
-        lines += [f"nftset=/{name}/{','.join(sets)}" for name, sets in sorted(by_domain.items())]
-        return "\n".join(lines) + "\n"
-
-    def _locked(self) -> contextlib.AbstractContextManager[None]:
-        self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        return file_lock(self.dir / ".lock")
-
-    def sync_dnsmasq(self) -> bool:
-        """Rewrite dnsmasq's egress file from all sandboxes' state; restart dnsmasq if it changed.
-
-        The restart also empties dnsmasq's cache, so the next answer for each name is added to the
-        sets (a cached answer would not be). True if dnsmasq was restarted.
-        """
-        with self._locked():
-            text = self.dnsmasq_config(self.all())
-            path = self.dnsmasq_dir / DNSMASQ_FILE
-            with contextlib.suppress(FileNotFoundError):
-                if path.read_text() == text:
-                    return False
-            if not self.dnsmasq_dir.is_dir():
-                raise BackendError(
-                    f"{self.dnsmasq_dir} is missing: dnsmasq cannot resolve egress names (run site.yml)",
-                    step="network",
-                )
-            tmp = path.with_name("." + path.name + ".tmp")
-            tmp.write_text(text)
-            tmp.replace(path)
-            self._restart_dnsmasq()
-            return True
-
-    def _restart_dnsmasq(self) -> None:
-        """Restart the sandbox dnsmasq as the role does: its systemd unit, or by pidfile without systemd."""
-        if Path("/run/systemd/system").is_dir():
-            cmds = [["systemctl", "restart", DNSMASQ_UNIT]]
-        else:
-            pid = ["--pidfile", str(self.dnsmasq_pidfile), "--exec", "/usr/sbin/dnsmasq"]
-            cmds = [
-                ["start-stop-daemon", "--stop", "--quiet", "--oknodo", "--retry", "TERM/5/KILL/2", *pid],
-                ["start-stop-daemon", "--start", "--quiet", *pid, "--", f"--conf-file={self.dnsmasq_conf}"],
-            ]
-        for cmd in cmds:
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-            except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
-                raise BackendError(f"cannot restart the sandbox dnsmasq: {exc}", step="network") from exc
-            if proc.returncode != 0:
-                raise BackendError(
-                    f"cannot restart the sandbox dnsmasq ({' '.join(cmd[:2])} exited {proc.returncode})",
-                    step="network",
-                    detail=proc.stderr,
-                )
-        deadline = time.monotonic() + _DNSMASQ_READY_S
-        while not dns_port_bound(self.dns_server):
-            if time.monotonic() > deadline:
-                raise BackendError(
-                    f"dnsmasq did not listen on {self.dns_server}:53 within {_DNSMASQ_READY_S:g} s",
-                    step="network",
-                )
-            time.sleep(0.01)  # polling a condition: is the UDP socket bound yet
-
-
-def dns_port_bound(address: str) -> bool:
-    """Is a UDP socket bound to ``address``:53 on this host (read from /proc/net/udp)?"""
-    want = "%08X:0035" % int.from_bytes(ipaddress.IPv4Address(address).packed, "little")  # noqa: UP031
-    try:
-        lines = Path("/proc/net/udp").read_text().splitlines()[1:]
-    except OSError:
-        return False
-    return any(line.split()[1] == want for line in lines if len(line.split()) > 1)

@@ -20,25 +20,36 @@ __all__ = [
     "check_sandbox_id",
     "check_snapshot_name",
     "check_timeout",
+    "egress_entry",
     "make_spec",
     "split_egress",
 ]
 
-_HOSTNAME_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9_.\-/]{1,63}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SANDBOX_ID = re.compile(r"^sbx-[0-9a-f]{10}$")
+# Every pattern is applied with ``fullmatch`` (never ``match``/``search``): ``$`` would accept a
+# trailing newline. SANDBOX_ID is also used by other modules, so it carries its own \A...\Z.
+_HOSTNAME_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
+_LABEL_KEY = re.compile(r"[A-Za-z0-9_.\-/]{1,63}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SANDBOX_ID = re.compile(r"\Asbx-[0-9a-f]{10}\Z")
 
 MIN_MEMORY_MB = 64
 MAX_DISK_GB = 4096
 MAX_TTL_S = 30 * 24 * 3600
 MAX_EGRESS_ENTRIES = 64
-_DOMAIN = re.compile(r"^(?=.{1,253}$)([a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z][a-z0-9-]{0,61}[a-z0-9]$")
+# Egress entries. A name's last label starts with a letter (an all-numeric top-level label does not
+# exist, RFC 3696 2), so no name looks like an address. Anything made of digits, dots and "/" only is
+# an address or nothing: it must be four decimal octets 0-255 without leading zeros and, optionally,
+# "/" and a prefix length 0-32 without leading zeros; "1.2.3", "01.2.3.4", "1.2.3.4.5", "999.1.1.1",
+# "127.1" and dotted netmasks are refused, never read as names (or as inet_aton would).
+_ADDRESS_LIKE = re.compile(r"[0-9./]+")
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_IPV4_TEXT = re.compile(rf"(?:{_OCTET}\.){{3}}{_OCTET}(?:/(?:[12]?[0-9]|3[0-2]))?")
+_DOMAIN = re.compile(r"(?=.{1,253}\Z)(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z][a-z0-9-]{0,61}[a-z0-9]")
 
 
 def check_hostname(hostname: str) -> str:
     """RFC 1123 host name (lower-cased), at most 63 characters (one label: it is also the CT name)."""
-    if not isinstance(hostname, str) or not _HOSTNAME_LABEL.match(hostname.lower()):
+    if not isinstance(hostname, str) or not _HOSTNAME_LABEL.fullmatch(hostname.lower()):
         raise ConfigError(
             f"hostname={hostname!r} is not a valid RFC 1123 host name "
             "(1-63 of a-z, 0-9 and '-', not starting or ending with '-')"
@@ -95,7 +106,7 @@ def make_spec(
             raise ConfigError(f"ttl_s={ttl_s!r} must be > 0 and <= {MAX_TTL_S}")
     clean_labels: dict[str, str] = {}
     for key, value in (labels or {}).items():
-        if not isinstance(key, str) or not _LABEL_KEY.match(key):
+        if not isinstance(key, str) or not _LABEL_KEY.fullmatch(key):
             raise ConfigError(f"label key {key!r} must be 1-63 of A-Z a-z 0-9 _ . - /")
         if not isinstance(value, str) or len(value) > 256 or "\x00" in value:
             raise ConfigError(f"label {key}={value!r} must be a string of at most 256 characters")
@@ -118,7 +129,8 @@ def check_egress(entries: Sequence[str] | None) -> tuple[str, ...]:
     """An egress allow-list: IPv4 addresses, IPv4 networks (``192.0.2.0/24``) and domain names
     (``example.org``, which also allows its subdomains; a leading ``*.`` means the same).
 
-    Returns the entries normalised (networks in canonical form, names lower-case, no duplicates).
+    Each entry is classified by parsing it (see :func:`egress_entry`). Returns the entries
+    normalised (networks in canonical form, names lower-case, no duplicates).
     """
     if entries is None:
         return ()
@@ -128,58 +140,70 @@ def check_egress(entries: Sequence[str] | None) -> tuple[str, ...]:
         raise ConfigError(f"egress has {len(entries)} entries; at most {MAX_EGRESS_ENTRIES} are allowed")
     out: list[str] = []
     for entry in entries:
-        norm = _egress_entry(entry)
+        norm = egress_entry(entry)[1]
         if norm not in out:
             out.append(norm)
     return tuple(out)
 
 
-def split_egress(entries: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """(networks, domain names) of a normalised egress list (see :func:`check_egress`)."""
+def split_egress(entries: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(networks, domain names) of an egress list, each entry classified by parsing it (the same
+    :func:`egress_entry` that :func:`check_egress` uses); a bad entry is a ConfigError."""
     nets: list[str] = []
     names: list[str] = []
     for entry in entries:
-        (nets if entry[0].isdigit() else names).append(entry)
+        kind, norm = egress_entry(entry)
+        (nets if kind == "network" else names).append(norm)
     return nets, names
 
 
-def _egress_entry(entry: object) -> str:
+def egress_entry(entry: object) -> tuple[str, str]:
+    """``("network", "192.0.2.0/24" | "192.0.2.7")`` or ``("name", "example.org")``, else ConfigError.
+
+    An entry of digits, dots and ``/`` only is an IPv4 address or network, or refused; anything else
+    is a domain name, or refused. Whitespace is refused (no stripping: ``"a.org\\n"`` is an error).
+    """
     if not isinstance(entry, str) or not entry or "\x00" in entry or len(entry) > 255:
         raise ConfigError(f"egress entry {entry!r} must be a non-empty string")
-    text = entry.strip().lower()
+    text = entry.lower()
     if ":" in text:
         raise ConfigError(f"egress entry {entry!r}: IPv6 is not routed to sandboxes; give IPv4 or a name")
-    if re.fullmatch(r"[0-9./]+", text):
+    if _ADDRESS_LIKE.fullmatch(text):
+        if not _IPV4_TEXT.fullmatch(text):
+            raise ConfigError(
+                f"egress entry {entry!r} is not an IPv4 address or network: write four decimal "
+                "octets 0-255 without leading zeros, optionally /0-32 (e.g. 192.0.2.0/24)"
+            )
         try:
             net = ipaddress.IPv4Network(text, strict=True)
         except ValueError as exc:
             raise ConfigError(f"egress entry {entry!r} is not an IPv4 address or network: {exc}") from exc
         if net.prefixlen == 0:
             raise ConfigError(f"egress entry {entry!r} allows everything; use internet=True instead")
-        return str(net.network_address) if net.prefixlen == 32 else str(net)
+        return "network", str(net.network_address) if net.prefixlen == 32 else str(net)
     name = text.removeprefix("*.").removesuffix(".")
-    if not _DOMAIN.match(name):
+    if not _DOMAIN.fullmatch(name):
         raise ConfigError(
             f"egress entry {entry!r} is not an IPv4 address, an IPv4 network or a domain name "
-            "(labels of a-z, 0-9 and '-', at least two labels)"
+            "(labels of a-z, 0-9 and '-', at least two labels, the last one starting with a letter)"
         )
-    return name
+    return "name", name
 
 
 def check_sandbox_id(sandbox_id: str) -> str:
-    if not isinstance(sandbox_id, str) or not SANDBOX_ID.match(sandbox_id):
+    if not isinstance(sandbox_id, str) or not SANDBOX_ID.fullmatch(sandbox_id):
         raise ConfigError(f"sandbox id {sandbox_id!r} is not of the form sbx-<10 hex digits>")
     return sandbox_id
 
 
-_SNAPSHOT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{1,39}$")
+_SNAPSHOT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{1,39}")
 _RESERVED_SNAPSHOT_NAMES = frozenset({"current", "vzdump"})
 
 
 def check_snapshot_name(name: str) -> str:
     """A snapshot name valid on every backend: PVE's ``pve-configid`` (a letter, then 1-39 of
     letters, digits, ``_`` and ``-``), not PVE's reserved ``current``/``vzdump``."""
-    if not isinstance(name, str) or not _SNAPSHOT_NAME.match(name):
+    if not isinstance(name, str) or not _SNAPSHOT_NAME.fullmatch(name):
         raise ConfigError(
             f"snapshot name {name!r} must be 2-40 characters: a letter, then letters, digits, '_' or '-'"
         )
@@ -211,7 +235,7 @@ def check_remote_path(path: str, name: str = "path") -> str:
 def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in (env or {}).items():
-        if not isinstance(key, str) or not _ENV_NAME.match(key):
+        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
             raise ConfigError(f"environment variable name {key!r} is not valid")
         if not isinstance(value, str) or "\x00" in value:
             raise ConfigError(f"environment variable {key}={value!r} must be a string without NUL")

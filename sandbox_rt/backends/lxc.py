@@ -680,6 +680,9 @@ class LxcBackend:
                     record.owner_pid, extra["owner_start_time"], record.owner_host
                 ):
                     found[sid] = "owner process died"
+        # network state (and egress resolver) left by a destroy that failed half-way: destroy again
+        for sid in self.netstate.orphans(live_intents):
+            found.setdefault(sid, "network state without a sandbox")
         return [GcCandidate(sid, reason) for sid, reason in sorted(found.items())]
 
     # -- snapshots -------------------------------------------------------------------------------

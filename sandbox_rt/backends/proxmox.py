@@ -13,7 +13,9 @@ Choices (see docs/proxmox.md):
   the runtime pins that before its first SSH contact and refuses a CT that has none.
 - Internet: the CT's own PVE firewall (``net0 firewall=1``, outbound policy DROP, two outbound
   ACCEPT rules for DNS and HTTP/HTTPS that ``set_internet`` enables or disables); this needs only
-  ``VM.Config.Network`` on the CT, no shell on the node.
+  ``VM.Config.Network`` on the CT, no shell on the node. PVE applies CT firewalls only while the
+  datacenter firewall is on: create, set_internet and set_egress check that first and fail closed
+  (:class:`FirewallDisabled`).
 - Every UPID is waited for and its exit status checked; "CT is locked" and VMID races are retried
   with back-off, then a BackendError with PVE's message.
 """
@@ -42,7 +44,14 @@ from proxmoxer.core import ResourceException
 from proxmoxer.tools import Tasks
 
 from ..config import Settings
-from ..errors import BackendError, ConfigError, PermissionDenied, SandboxNotFound, SnapshotNotFound
+from ..errors import (
+    BackendError,
+    ConfigError,
+    FirewallDisabled,
+    PermissionDenied,
+    SandboxNotFound,
+    SnapshotNotFound,
+)
 from ..filelock import file_lock
 from ..ipam import mac_for_ip
 from ..models import ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
@@ -311,6 +320,7 @@ class ProxmoxBackend:
         """A linked clone of the template, or with ``snapshot`` (node, vmid, name) a full clone of
         that CT's snapshot (PVE clones a CT that is not a template only in full)."""
         self._check_egress(spec.egress)  # before anything is made
+        self._check_firewall_gate()
         if snapshot is None:
             node = self._template_location()
             template = self._ct(node, self.settings.pve_template_vmid)
@@ -591,7 +601,24 @@ class ProxmoxBackend:
         rules = self._call("internet", lambda: fw.rules.get())
         return fw, [r for r in rules if r.get("comment") == RULE_COMMENT]
 
+    def _check_firewall_gate(self) -> None:
+        """Fail closed unless the datacenter firewall is on: PVE applies no CT firewall at all while
+        it is off, so the CT rules that gate a sandbox's internet would do nothing (every sandbox
+        would reach whatever the node's own tables let through). ``GET /cluster/firewall/options``
+        needs ``Sys.Audit`` on ``/`` (the proxmox_access role grants it there, not propagated)."""
+        opts = self._call("firewall", lambda: self.api.cluster.firewall.options.get())
+        if str(opts.get("enable", "0")).strip() not in ("1", "true", "True"):
+            raise FirewallDisabled(
+                "the PVE datacenter firewall is off, so the CT firewalls that keep sandboxes off the "
+                "internet would do nothing; refusing. Turn it on (Datacenter -> Firewall -> Options, or "
+                "`pvesh set /cluster/firewall/options --enable 1`; the node play does it with "
+                "proxmox_access_datacenter_firewall: true) after checking the datacenter's input policy "
+                "keeps your management access (22, 8006)",
+                step="firewall",
+            )
+
     def set_internet(self, record: SandboxRecord, enabled: bool) -> None:
+        self._check_firewall_gate()
         fw, rules = self._internet_rules(record)
         if not rules:
             raise BackendError(f"sandbox {record.id} has no sandbox-rt firewall rules", step="internet")
@@ -615,6 +642,7 @@ class ProxmoxBackend:
     def set_egress(self, record: SandboxRecord, egress: tuple[str, ...]) -> None:
         """One enabled OUT ACCEPT rule per address/network (HTTP/HTTPS ports) in the CT's firewall."""
         self._check_egress(egress)
+        self._check_firewall_gate()
         node, vmid = self._find(record.id)
         fw = self._ct(node, vmid).firewall
         rules = self._call("egress", lambda: fw.rules.get())

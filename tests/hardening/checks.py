@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import errno as errno_module
 import functools
 import json
 import re
@@ -28,8 +29,10 @@ import yaml
 from testinfra.host import Host
 
 import sandbox_rt
+from sandbox_rt.backends.idmap import idmap_base_for
 from sandbox_rt.network import NftInternetSet
 
+from . import seccomp_filter
 from .hosts import pinned_client
 from .testnet import SimNet
 
@@ -73,17 +76,23 @@ def require(control: str, ok: object, message: str) -> None:
 @dataclasses.dataclass
 class Target:
     """A sandbox and the ways into it: the runtime API, testinfra as the user (pinned SSH) and as
-    container root (lxc-attach)."""
+    container root (lxc-attach). ``container`` is its LXC container on this host: the sandbox id on
+    the embedded default, the test server engine's container for a PVE-backed sandbox."""
 
     sb: sandbox_rt.Sandbox
     user: Host
     root: Host
     known_hosts: Path
     settings: sandbox_rt.Settings
+    container: str = ""
 
     @property
     def id(self) -> str:
         return self.sb.id
+
+    @property
+    def ct(self) -> str:
+        return self.container or self.sb.id
 
     @property
     def ip(self) -> str:
@@ -110,7 +119,7 @@ def run_root(t: Target, command: str, timeout: float = 30) -> subprocess.Complet
         "-P",
         str(t.settings.lxc_path),
         "-n",
-        t.id,
+        t.ct,
         "--clear-env",
         "--",
         "/bin/sh",
@@ -155,8 +164,8 @@ def sweep(t: Target, targets: Iterable[str], timeout: float = 1.5) -> set[tuple[
 
 
 def init_pid(t: Target) -> int:
-    out = host_run("lxc-info", "-P", str(t.settings.lxc_path), "-n", t.id, "-p", "-H").stdout.strip()
-    assert out.isdigit(), f"{t.id} has no init pid ({out!r})"
+    out = host_run("lxc-info", "-P", str(t.settings.lxc_path), "-n", t.ct, "-p", "-H").stdout.strip()
+    assert out.isdigit(), f"{t.ct} has no init pid ({out!r})"
     return int(out)
 
 
@@ -240,20 +249,63 @@ def check_root_locked(t: Target) -> None:
 
 
 def check_authorized_keys(t: Target) -> None:
+    """SBX-USER-04: sshd reads keys only from a root-owned file the sandbox user cannot change or
+    replace (a ``command=`` in front of the runtime's key would capture every later connection)."""
     c = "SBX-USER-04"
     name = t.settings.ssh_user
+    d = role_defaults("sandbox_template")
+    keys_dir = d["sandbox_template_authorized_keys_dir"]
     runtime_key = Path(str(t.settings.ssh_key) + ".pub").read_text().split()[:2]
-    ssh_dir = t.root.file(f"/home/{name}/.ssh")
-    require(c, ssh_dir.user == name and ssh_dir.mode == 0o700, f".ssh {ssh_dir.user} {oct(ssh_dir.mode)}")
-    keys = t.root.file(f"/home/{name}/.ssh/authorized_keys")
-    require(c, keys.user == name and keys.mode == 0o600, f"authorized_keys {keys.user} {oct(keys.mode)}")
+    configured = sshd_value(sshd_settings(t), "authorizedkeysfile")
+    require(c, configured == f"{keys_dir}/%u", f"sshd AuthorizedKeysFile is {configured!r}")
+    for path, mode in ((keys_dir, 0o755), (f"{keys_dir}/{name}", 0o644)):
+        f = t.root.file(path)
+        require(c, f.exists, f"{path} does not exist")
+        owner = (f.user, f.group, f.mode)
+        require(c, owner == ("root", "root", mode), f"{path} is {f.user}:{f.group} {oct(f.mode)}")
+    keys = t.root.file(f"{keys_dir}/{name}")
     lines = [ln for ln in keys.content_string.splitlines() if ln.strip() and not ln.startswith("#")]
     require(c, len(lines) == 1, f"{len(lines)} keys authorized, expected only the runtime's")
     words = lines[0].split()
     require(c, words[1:3] == runtime_key, "the authorized key is not the runtime's")
     require(c, "restrict" in words[0].split(","), f"the key lacks `restrict`: {words[0]}")
-    others = t.root.run("ls /root/.ssh/authorized_keys* 2>/dev/null").stdout.split()
-    require(c, not others, f"root has authorized keys: {others}")
+    left = t.root.run(f"ls -d /home/{name}/.ssh/authorized_keys* /root/.ssh/authorized_keys* 2>/dev/null")
+    require(c, not left.stdout.split(), f"key files in home directories: {left.stdout.split()}")
+    check_keys_not_writable(t, f"{keys_dir}/{name}")
+    check_own_key_ignored(t)
+
+
+def check_keys_not_writable(t: Target, path: str) -> None:
+    """The sandbox user can neither append to the key file nor replace it or add one beside it."""
+    c = "SBX-USER-04"
+    folder = path.rsplit("/", 1)[0]
+    attempts = {
+        "append to": f"echo 'command=\"/bin/true\" ssh-ed25519 AAAA' >> {path}",
+        "replace": f"cp {path} /tmp/.hardening-k && mv -f /tmp/.hardening-k {path}",
+        "add a file beside": f"touch {folder}/.hardening-probe",
+    }
+    done = [what for what, cmd in attempts.items() if run_user(t, cmd).exit_code == 0]
+    run_root(t, f"rm -f {folder}/.hardening-probe")
+    require(c, not done, f"the sandbox user could {', '.join(done)} {path}")
+
+
+def check_own_key_ignored(t: Target) -> None:
+    """A key the sandbox user puts into ~/.ssh/authorized_keys logs nobody in."""
+    c = "SBX-USER-04"
+    key = t.known_hosts.with_name(f"userkey.{t.id}")
+    key.unlink(missing_ok=True)
+    made = host_run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hardening", "-f", str(key))
+    assert made.returncode == 0, made.stderr
+    public = Path(str(key) + ".pub").read_text().strip()
+    wrote = run_user(t, f"mkdir -p -m 700 ~/.ssh && echo '{public}' > ~/.ssh/authorized_keys")
+    assert wrote.exit_code == 0, f"precondition: the user writes its own ~/.ssh ({wrote.stderr_text})"
+    try:
+        pinned_client(t.ip, t.settings.ssh_user, t.known_hosts, key).close()
+    except paramiko.AuthenticationException:
+        return
+    finally:
+        run_user(t, "rm -rf ~/.ssh")
+    violated(c, "a key the sandbox user wrote into ~/.ssh/authorized_keys logged in")
 
 
 # -- SBX-SSH --------------------------------------------------------------------------------------
@@ -659,6 +711,35 @@ def check_dns_only_via_host(t: Target, net: SimNet, internet: bool) -> None:
     require(c, not direct, f"other resolvers answered the sandbox: {direct}")
 
 
+def check_dns_answers_only_the_list(
+    t: Target, net: SimNet, allowed: tuple[str, str], outside: Iterable[str]
+) -> None:
+    """``t`` (internet off, egress list with names) asks the host's DNS for ``outside`` names first,
+    then for ``allowed`` (name, its address): each outside name is answered at once by the host
+    (REFUSED or NXDOMAIN) and never reaches the upstream resolver; the allowed name resolves,
+    through the upstream."""
+    c = "SBX-NET-18"
+    host = t.settings.dns_server
+    outside = list(outside)
+    for name in outside:
+        for proto in ("udp", "tcp"):
+            r = probe(t, "dns", host, name, proto)
+            require(
+                c,
+                r["error"] == "" and r["answer"] is None and r["rcode"] in (3, 5),
+                f"{name} ({proto}), outside the list, was not refused by the host: {r}",
+            )
+    name, address = allowed
+    r = probe(t, "dns", host, name, "udp")
+    assert r["answer"] == address, f"precondition: the listed name {name} resolves: {r}"
+    deadline = time.monotonic() + 10
+    while name not in net.upstream_queries():  # the upstream logs in order: outside names came first
+        assert time.monotonic() < deadline, f"precondition: {name} is in the upstream's log"
+        time.sleep(0.05)
+    leaked = [name for name in outside if name in net.upstream_queries()]
+    require(c, not leaked, f"names outside the sandbox's list left the host: {leaked}")
+
+
 def check_no_ipv6(t: Target, host: Host, bridge: str) -> None:
     c = "SBX-NET-12"
     require(c, host.sysctl(f"net.ipv6.conf.{bridge}.disable_ipv6") == 1, f"IPv6 is on on {bridge}")
@@ -875,13 +956,18 @@ def check_oom_contained(t: Target, memory_mb: int) -> None:
 def check_unprivileged(t: Target) -> None:
     c = "SBX-ESC-01"
     s = t.settings
+    # the embedded default gives each sandbox a range of its own (isolated id maps, derived from its
+    # address); a PVE CT has PVE's one map (the template's)
+    isolated = t.sb.record.backend == "lxc" and s.idmap_isolated
+    base = idmap_base_for(t.ip, s.ip_pool_start, s.idmap_base) if isolated else s.idmap_base
+    require(c, base >= s.idmap_base >= 65536, f"container root would be host uid {base}")
     maps = config_values(t.id, "lxc.idmap", s.lxc_path)
-    want = [f"u 0 {s.idmap_base} {s.idmap_size}", f"g 0 {s.idmap_base} {s.idmap_size}"]
+    want = [f"u 0 {base} {s.idmap_size}", f"g 0 {base} {s.idmap_size}"]
     require(c, sorted(maps) == sorted(want), f"lxc.idmap {maps}")
     uids = proc_status(init_pid(t))["Uid"].split()
-    require(c, set(uids) == {str(s.idmap_base)}, f"PID 1 runs as host uid {uids}")
+    require(c, set(uids) == {str(base)}, f"PID 1 runs as host uid {uids}")
     uid_map = t.user.file("/proc/self/uid_map").content_string.split()
-    require(c, uid_map == ["0", str(s.idmap_base), str(s.idmap_size)], f"uid_map {uid_map}")
+    require(c, uid_map == ["0", str(base), str(s.idmap_size)], f"uid_map {uid_map}")
 
 
 def _attempts(t: Target, commands: list[str], as_root: bool) -> list[str]:
@@ -966,43 +1052,29 @@ def check_proc_sys_readonly(t: Target) -> None:
         require(c, not ok, f"writes succeeded as {'container root' if as_root else 'the user'}: {ok}")
 
 
-_MODULE_SYSCALLS = r"""python3 -c '
-import ctypes, os
-libc = ctypes.CDLL(None, use_errno=True)
-out = []
-for name, nr, args in (("init_module", 175, (b"", 0, b"")), ("finit_module", 313, (0, b"", 0)),
-                       ("delete_module", 176, (b"loop", 0))):
-    rc = libc.syscall(nr, *args)
-    out.append("%s=%d/%d" % (name, rc, ctypes.get_errno()))
-print(" ".join(out))
-'"""
-
-
 def check_no_modules(t: Target) -> None:
+    """SBX-ESC-07: the filter refuses the module calls (user and container root); no CAP_SYS_MODULE."""
     c = "SBX-ESC-07"
-    out = run_root(t, _MODULE_SYSCALLS).stdout.split()
-    require(c, out and all(x.endswith("=-1/1") for x in out), f"module syscalls as container root: {out}")
+    check_refused(t, "module")
+    got = kernel_probe(t, "module", as_root=True)["module"]
+    bad = {call: r for call, r in got.items() if (r["ret"], r["errno"]) != (-1, EPERM)}
+    require(c, not bad, f"module calls as container root: {bad}")
     bnd = int(proc_status(init_pid(t))["CapBnd"], 16)
     require(c, not bnd & (1 << CAPS["sys_module"]), "CAP_SYS_MODULE is in PID 1's bounding set")
 
 
-_UNSHARE = r"""unshare -Ur sh -c '
-cat /etc/shadow >/dev/null 2>&1 && echo shadow
-echo x > /proc/sys/kernel/hostname 2>/dev/null && echo proc_sys
-hostname escaped 2>/dev/null && echo hostname
-ip link add hx0 type veth peer name hx1 2>/dev/null && echo link
-mkdir -p /tmp/p && mount -t proc proc /tmp/p 2>/dev/null && echo proc_mount
-echo 999999 > /sys/fs/cgroup/pids/pids.max 2>/dev/null && echo cgroup
-grep -q "^CapEff:.*1ff" /proc/self/status && echo ns_caps
-true'"""
-
-
-def check_userns_regains_nothing(t: Target) -> None:
+def check_no_user_namespaces(t: Target) -> None:
+    """SBX-ESC-08: no user namespace can be made, as the user or container root: ``unshare -Ur``
+    fails, and the filter answers unshare/clone with CLONE_NEWUSER (EPERM) and clone3 (ENOSYS,
+    so libc falls back to clone), while clone without namespace flags (fork, threads) passes."""
     c = "SBX-ESC-08"
-    r = run_user(t, _UNSHARE, timeout=30)
-    got = set(r.text.split())
-    assert "ns_caps" in got, f"precondition: unshare -Ur gives capabilities in the new namespace ({r.text!r})"
-    require(c, got == {"ns_caps"}, f"inside unshare -Ur the user could: {sorted(got - {'ns_caps'})}")
+    for as_root in (False, True):
+        r = _attempts(t, ["unshare -Ur true", "unshare -U true"], as_root)
+        require(c, not r, f"{r} succeeded as {'container root' if as_root else 'the sandbox user'}")
+    check_refused(t, "userns")
+    programs = seccomp_filter.loaded_filters(init_pid(t))
+    fork = seccomp_filter.verdict(programs, NR_CLONE, [CLONE_FORK_FLAGS])
+    require(c, fork.action == "allow", f"the filter answers a plain fork (clone) with {fork}")
 
 
 def check_host_proc_hidden(t: Target, marker: str, marker_pid: int) -> None:
@@ -1031,24 +1103,131 @@ def check_caps_dropped(t: Target) -> None:
     require(c, eff == 0, f"the user has capabilities {eff:x}")
 
 
-_FORCE_UMOUNT = r"""python3 -c '
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-print(libc.umount2(b"/tmp", 1), ctypes.get_errno())'"""
-
-
 def check_seccomp(t: Target) -> None:
+    """SBX-ESC-11: the sandbox runs under our profile (the role's file, installed where the config
+    says), PID 1 and the user's processes are filtered, and the filter the kernel holds is ours:
+    it answers umount2 with bad flags with EPERM (the kernel alone: EINVAL; LXC's stock profile
+    allows umount2 and answers MNT_FORCE with EACCES)."""
     c = "SBX-ESC-11"
-    profile = config_values(t.id, "lxc.seccomp.profile", t.settings.lxc_path)
-    require(c, profile and Path(profile[-1]).is_file(), f"lxc.seccomp.profile {profile}")
     require(c, proc_status(init_pid(t)).get("Seccomp") == "2", "PID 1 is not seccomp-filtered")
-    mode = t.user.run("grep '^Seccomp:' /proc/self/status").stdout.split()[-1]
-    require(c, mode == "2", f"user processes have Seccomp {mode}")
-    # common.seccomp's reject_force_umount answers EACCES; without the filter it would be EPERM/EINVAL
-    out = run_root(t, _FORCE_UMOUNT).stdout.split()
-    require(
-        c, out == ["-1", "13"], f"umount2(MNT_FORCE) as container root gave {out}, not the filter's EACCES"
-    )
+    mode = run_user(t, "grep '^Seccomp:' /proc/self/status").text.split()[-1:]
+    require(c, mode == ["2"], f"user processes have Seccomp {mode}")
+    programs = seccomp_filter.loaded_filters(init_pid(t))
+    umount = seccomp_filter.verdict(programs, NR_UMOUNT2, [0, 0x80000000])
+    refused = umount == seccomp_filter.Verdict("errno", EPERM)
+    require(c, refused, f"the loaded filter answers umount2 with {umount}")
+    d = role_defaults("template_build")
+    want = d["template_build_seccomp_profile"]
+    profile = config_values(t.ct, "lxc.seccomp.profile", t.settings.lxc_path)
+    require(c, profile == [want], f"lxc.seccomp.profile is {profile}, not {want}")
+    shipped = (REPO / "roles" / "template_build" / "files" / d["template_build_seccomp_source"]).read_bytes()
+    require(c, Path(want).read_bytes() == shipped, f"{want} differs from the role's profile")
+
+
+# -- SBX-ESC: the kernel surface (seccomp families, the userns lock, no_new_privs) ----------------
+KERNEL_PROBE_SOURCE = Path(__file__).with_name("kernel_probe.py")
+KERNEL_PROBE = "/tmp/.hardening-kernel-probe.py"
+EPERM, ENOSYS = 1, 38
+NR_CLONE, NR_UMOUNT2 = 56, 166
+CLONE_FORK_FLAGS = 0x01200011  # glibc's fork: CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID | SIGCHLD
+# kernel_probe.py family -> the control that holds it
+FAMILY_CONTROLS = {
+    "userns": "SBX-ESC-08",
+    "module": "SBX-ESC-07",
+    "setns": "SBX-ESC-15",
+    "keyring": "SBX-ESC-16",
+    "io_uring": "SBX-ESC-17",
+    "userfaultfd": "SBX-ESC-18",
+    "bpf": "SBX-ESC-19",
+    "perf_event_open": "SBX-ESC-20",
+    "mount": "SBX-ESC-21",
+    "clock": "SBX-ESC-22",
+    "ptrace": "SBX-ESC-23",
+    "reboot": "SBX-ESC-24",
+    "admin": "SBX-ESC-25",
+}
+# the filter's answer where it is not EPERM (moby's profile answers clone3 the same way)
+FILTER_ERRNO = {"clone3(CLONE_NEWUSER)": ENOSYS, "clone3()": ENOSYS}
+
+
+def kernel_probe(t: Target, *families: str, as_root: bool = False) -> dict[str, Any]:
+    """Run kernel_probe.py in the sandbox, as its user (SSH) or as container root (lxc-attach)."""
+    if run_user(t, f"test -s {KERNEL_PROBE}", timeout=10).exit_code != 0:
+        t.sb.write_file(KERNEL_PROBE, KERNEL_PROBE_SOURCE.read_bytes())
+    if as_root:
+        r = run_root(t, " ".join(["python3", KERNEL_PROBE, *families]), timeout=60)
+        assert r.returncode == 0, f"kernel probe {families} as root failed: {r.stderr}"
+        text = r.stdout
+    else:
+        res = t.sb.exec(["python3", KERNEL_PROBE, *families], timeout=60)
+        assert res.exit_code == 0, f"kernel probe {families} failed: {res.stderr_text}"
+        text = res.text
+    out: dict[str, Any] = json.loads(text.strip().splitlines()[-1])
+    assert "error" not in out, f"kernel probe: {out['error']}"
+    return out
+
+
+def _errname(value: int) -> str:
+    return errno_module.errorcode.get(value, str(value))
+
+
+def check_refused(t: Target, family: str) -> None:
+    """Every call of ``family`` made as the sandbox user gets the filter's errno, and the filter the
+    kernel holds for this sandbox answers exactly that call (same number, same arguments) with that
+    errno: the refusal is the filter's, not the kernel's own permission check."""
+    c = FAMILY_CONTROLS[family]
+    got = kernel_probe(t, family)
+    programs = seccomp_filter.loaded_filters(init_pid(t))
+    filters = got["filters"]
+    require(c, filters == len(programs), f"the user runs under {filters} filters, PID 1 {len(programs)}")
+    for call, r in got[family].items():
+        assert "error" not in r, f"kernel probe {call}: {r['error']}"
+        want = FILTER_ERRNO.get(call, EPERM)
+        require(
+            c,
+            (r["ret"], r["errno"]) == (-1, want),
+            f"{call} as the sandbox user returned {r['ret']} ({_errname(r['errno'])}), "
+            f"not the filter's {_errname(want)}",
+        )
+        verdict = seccomp_filter.verdict(programs, r["nr"], r["args"])
+        require(
+            c,
+            verdict == seccomp_filter.Verdict("errno", want),
+            f"the sandbox's seccomp filter answers {call} with {verdict}, not errno {_errname(want)}: "
+            "the refusal is not the filter's",
+        )
+
+
+def check_userns_lock(t: Target) -> None:
+    """SBX-ESC-14: the second lock: user.max_user_namespaces is 0 in the sandbox's user namespace
+    (set by the start-host hook), and neither the user nor container root can raise it."""
+    c = "SBX-ESC-14"
+    knob = "/proc/sys/user/max_user_namespaces"
+    value = run_user(t, f"cat {knob}").text.strip()
+    require(c, value == "0", f"{knob} is {value!r} inside the sandbox")
+    raised = _attempts(t, [f"echo 1000 > {knob}"], False) + _attempts(t, [f"echo 1000 > {knob}"], True)
+    require(c, not raised, "the user or container root raised user.max_user_namespaces")
+    after = run_root(t, f"cat {knob}").stdout.strip()
+    require(c, after == "0", f"{knob} is {after!r} after the attempts")
+    hook = config_values(t.ct, "lxc.hook.start-host", t.settings.lxc_path)
+    want = role_defaults("template_build")["template_build_userns_lock_hook"]
+    require(c, want in hook, f"lxc.hook.start-host is {hook}, not {want}")
+
+
+def check_no_new_privs(t: Target) -> None:
+    """SBX-ESC-26: lxc.no_new_privs: a setuid binary runs without its owner's rights (setuid-root
+    sudo stops at the flag, before any policy check); PID 1 and the user's shell carry NoNewPrivs."""
+    c = "SBX-ESC-26"
+    assert run_root(t, "test -u /usr/bin/sudo").returncode == 0, "precondition: sudo is setuid root"
+    r = run_user(t, "sudo -n true", timeout=20)
+    require(c, r.exit_code != 0, "`sudo -n true` succeeded")
+    said = r.stderr_text.strip()
+    require(c, "no new privileges" in said, f"sudo ran as root (it got to: {said!r})")
+    mine = run_user(t, "grep '^NoNewPrivs:' /proc/self/status").text.split()[-1:]
+    require(c, mine == ["1"], f"the user's shell has NoNewPrivs {mine}")
+    require(c, proc_status(init_pid(t)).get("NoNewPrivs") == "1", "PID 1 lacks NoNewPrivs")
+    nnp = config_values(t.ct, "lxc.no_new_privs", t.settings.lxc_path)
+    require(c, nnp == ["1"], f"lxc.no_new_privs is {nnp}")
 
 
 def check_no_nesting(t: Target) -> None:

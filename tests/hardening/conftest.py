@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from testinfra.host import Host
 import sandbox_rt
 from sandbox_rt import Manager, Settings
 from sandbox_rt.network import NftInternetSet
+from tests.integration.runtime.pve_env import pve_test_server
 
 from . import hosts
 from .checks import Target
@@ -89,7 +91,9 @@ def waivers() -> dict[str, Waiver]:
 def _target(sb: sandbox_rt.Sandbox, settings: Settings, workdir: Path) -> Target:
     user = hosts.sandbox_host(sb, settings, workdir)
     known_hosts = hosts.known_hosts_path(workdir, sb)  # pinned by sandbox_host
-    return Target(sb, user, hosts.sandbox_root_host(sb, settings), known_hosts, settings)
+    container = hosts.container_of(sb, settings.lxc_path)
+    root = hosts.sandbox_root_host(sb, settings, container)
+    return Target(sb, user, root, known_hosts, settings, container)
 
 
 @contextlib.contextmanager
@@ -122,6 +126,32 @@ def make(manager: Manager, settings: Settings, workdir: Path) -> Iterator[Factor
 def baseline(manager: Manager, settings: Settings, workdir: Path) -> Iterator[Target]:
     """One default sandbox (no internet) shared by the read-only state checks."""
     with _factory(manager, settings, workdir) as factory:
+        yield factory(memory_mb=512)
+
+
+@pytest.fixture(scope="package")
+def pve_manager(settings: Settings) -> Iterator[Manager]:
+    """The runtime on its Proxmox backend, against the PVE API test server backed by this host's LXC
+    (its CTs are clones of the same template, so they carry the same LXC config and profile)."""
+    with (
+        tempfile.TemporaryDirectory(prefix="sandbox-rt-pve-") as state_dir,
+        pve_test_server(settings, Path(state_dir)) as (pve_settings, _server),
+    ):
+        mgr = Manager(pve_settings, ssh_key=settings.ssh_key)
+        try:
+            yield mgr
+        finally:
+            for record in mgr.list(labels=SESSION_LABEL):
+                with contextlib.suppress(sandbox_rt.SandboxError):
+                    mgr.destroy(record.id)
+
+
+@pytest.fixture(scope="package", params=["lxc", "proxmox"])
+def kernel_target(request: pytest.FixtureRequest, settings: Settings, workdir: Path) -> Iterator[Target]:
+    """One sandbox per backend (embedded LXC, PVE-backed through the test server), shared by the
+    kernel-surface controls: their probes change nothing in it."""
+    mgr: Manager = request.getfixturevalue("manager" if request.param == "lxc" else "pve_manager")
+    with _factory(mgr, settings, workdir) as factory:
         yield factory(memory_mb=512)
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from tests.hardening import seccomp_profile
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 WAIVERS_FILE = HERE / "waivers.yml"
@@ -67,6 +69,7 @@ SEED_CHECKLIST: dict[str, str] = {
 _NFT = "roles/sandbox_network/templates/nftables.nft.j2"
 _LXC_CONF = "roles/template_build/templates/lxc.conf.j2"
 _LXC_BACKEND = "sandbox_rt/backends/lxc.py"
+_SECCOMP = "roles/template_build/files/sandbox.seccomp"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +97,12 @@ CONTROLS: tuple[Control, ...] = (
     _c("SBX-USER-03", "root has no password",
        "root's shadow password is locked (`*`/`!`)",
        (), "roles/sandbox_template/tasks/user.yml"),
-    _c("SBX-USER-04", "only the runtime's key logs in",
-       "`~sandbox/.ssh` 0700, `authorized_keys` 0600 holding only the runtime's key with `restrict`",
-       (), "roles/sandbox_template/tasks/user.yml", "roles/sandbox_runtime"),
+    _c("SBX-USER-04", "only the runtime's key logs in, from a file the sandbox cannot write",
+       "`sshd -T`: AuthorizedKeysFile /etc/ssh/authorized_keys/%u; that dir root 0755, the file root 0644 "
+       "holding only the runtime's key with `restrict`; the user cannot append to, replace or add beside "
+       "it; a key the user writes into ~/.ssh logs nobody in; no key files in homes",
+       (), "roles/sandbox_template/tasks/user.yml", "roles/sandbox_template/templates/sshd_config.j2",
+       "roles/sandbox_runtime"),
     # -- sshd -------------------------------------------------------------------------------------
     _c("SBX-SSH-01", "sshd refuses root",
        "`sshd -T`: permitrootlogin no; root with the runtime's key is refused",
@@ -115,7 +121,7 @@ CONTROLS: tuple[Control, ...] = (
        "`sshd -T` lists only the ed25519 key; the key served is the one the runtime pinned; "
        "an unknown key is rejected",
        (), "roles/sandbox_template/templates/sshd_config.j2", _LXC_BACKEND + " (_seed_rootfs)",
-       "sandbox_rt/ssh.py"),
+       "sandbox_rt/ssh/executor.py"),
     _c("SBX-SSH-06", "sshd session and auth limits",
        "`sshd -T`: maxsessions, maxstartups, maxauthtries, logingracetime as the role defaults, usedns no",
        (), "roles/sandbox_template/templates/sshd_config.j2"),
@@ -209,14 +215,19 @@ CONTROLS: tuple[Control, ...] = (
        _LXC_BACKEND + " (per-port address binding)"),
     _c("SBX-NET-16", "egress allow-list reaches only what it lists",
        "with internet off and egress=[name, address], the sandbox reaches the name's address (resolved by "
-       "the host's dnsmasq into its own set) and the address on allowed ports, nothing else; another "
+       "its own resolver into its own set) and the address on allowed ports, nothing else; another "
        "sandbox gains nothing; only the host resolver answers; set_egress([]) closes it",
-       (), _NFT + " (egress_sources, dns_clients)", "sandbox_rt/netstate.py",
-       "roles/sandbox_network/templates/dnsmasq.conf.j2 (conf-dir, cache-size=0)"),
+       (), _NFT + " (egress_sources, dns_resolvers)", "sandbox_rt/netstate.py", "sandbox_rt/egress_dns.py"),
     _c("SBX-NET-17", "a firewall reload or DNS restart keeps every sandbox's state",
        "reloading the nft file and restarting the sandbox dnsmasq while sandboxes run restores internet and "
        "egress from the runtime's state files; the sandbox without internet stays cut off and isolated",
        (), _NFT + " (include net_state_dir/*.nft)", "sandbox_rt/netstate.py"),
+    _c("SBX-NET-18", "DNS answers only what the egress list allows",
+       "a sandbox with names in its egress list gets answers for those only: other names (also one only "
+       "another sandbox lists) are refused by the host and never reach the upstream resolver (its log); "
+       "the listed name resolves into the sandbox's own set; a list change restarts no other resolver",
+       (), _NFT + " (prerouting: dnat to @dns_resolvers)", "sandbox_rt/egress_dns.py",
+       "sandbox_rt/netstate.py"),
     # -- resources --------------------------------------------------------------------------------
     _c("SBX-RES-01", "fork bombs stay inside the pids limit",
        "pids.max as requested; a bounded fork bomb hits it, the sandbox survives, the host still forks",
@@ -235,9 +246,13 @@ CONTROLS: tuple[Control, ...] = (
        "(waived with lxc_host_storage dir: the test shows the gap instead)",
        (), _LXC_BACKEND + " (btrfs subvolume + qgroup limit)", "roles/lxc_host/tasks/storage.yml"),
     # -- escape -----------------------------------------------------------------------------------
-    _c("SBX-ESC-01", "unprivileged container",
-       "idmap 0 -> 100000 (65536) in the config; PID 1 runs as host uid 100000",
-       ("7.ct.unprivileged",), _LXC_CONF + " (lxc.idmap)", "roles/lxc_host/tasks/idmap.yml"),
+    _c("SBX-ESC-01", "unprivileged container, ids of its own",
+       "idmap 0 -> a 65536-id host range at or above 100000 in the config, PID 1 runs as its first "
+       "host uid; on the embedded default each sandbox's range is its own (from its address); "
+       "two sandboxes' maps are disjoint and one's root cannot read the other's files "
+       "(tests/integration/runtime/test_idmap.py, with a negative proof)",
+       ("7.ct.unprivileged",), _LXC_CONF + " (lxc.idmap)", "sandbox_rt/backends/idmap.py",
+       "roles/lxc_host/tasks/idmap.yml"),
     _c("SBX-ESC-02", "no mounts",
        "mounting the host's disk, tmpfs, bind or proc fails as the user and as container root",
        ("7.fn.escape",), _LXC_CONF + " (cap.drop sys_admin, devices)"),
@@ -254,21 +269,23 @@ CONTROLS: tuple[Control, ...] = (
        "writes to /proc/sys, /sys and /proc/sysrq-trigger fail as container root",
        (), _LXC_CONF + " (mount.auto proc:mixed sys:mixed)"),
     _c("SBX-ESC-07", "no kernel modules",
-       "init_module/finit_module/delete_module fail as container root; sys_module not in the bounding set",
-       (), _LXC_CONF + " (cap.drop sys_module, seccomp)"),
-    _c("SBX-ESC-08", "a user namespace regains nothing",
-       "inside `unshare -Ur` the user cannot read /etc/shadow, write /proc/sys, set the host name, "
-       "add links or mount proc",
-       (), _LXC_CONF + " (idmap, mount.auto)"),
+       "init_module/finit_module/delete_module get the filter's EPERM as the user (and the loaded filter "
+       "answers them so) and fail as container root; sys_module not in the bounding set (both backends)",
+       (), _LXC_CONF + " (cap.drop sys_module)", _SECCOMP),
+    _c("SBX-ESC-08", "no user namespaces",
+       "`unshare -Ur` fails as the user and container root; unshare/clone with CLONE_NEWUSER get the "
+       "filter's EPERM, clone3 its ENOSYS (libc falls back to clone); a plain fork passes (both backends)",
+       (), _SECCOMP, "roles/lxc_host/defaults/main.yml (kernel.unprivileged_userns_clone=0)"),
     _c("SBX-ESC-09", "the host's /proc is invisible",
        "a marker process on the host is not visible; PID 1 is the sandbox's own",
        (), "LXC pid namespace (" + _LXC_CONF + ")"),
     _c("SBX-ESC-10", "capabilities dropped",
        "lxc.cap.drop lists the role's set; PID 1's bounding set lacks each; the user has none",
        ("7.sec.caps",), _LXC_CONF + " (lxc.cap.drop)", "roles/template_build/defaults/main.yml"),
-    _c("SBX-ESC-11", "seccomp filter active",
-       "PID 1 and user processes are filtered (Seccomp 2); a forced umount gets the filter's EACCES",
-       (), _LXC_CONF + " (lxc.seccomp.profile)"),
+    _c("SBX-ESC-11", "our seccomp profile is loaded",
+       "lxc.seccomp.profile is the role's file, installed unchanged; PID 1 and user processes are "
+       "filtered (Seccomp 2); the loaded filter answers umount2 with EPERM (both backends)",
+       (), _LXC_CONF + " (lxc.seccomp.profile)", "roles/template_build/tasks/kernel.yml", _SECCOMP),
     _c("SBX-ESC-12", "no nesting",
        "no nesting include, no rw proc/sys/cgroup mounts; container root cannot change its own "
        "cgroup limits or mount proc",
@@ -276,6 +293,40 @@ CONTROLS: tuple[Control, ...] = (
     _c("SBX-ESC-13", "AppArmor profile lxc-container-default-cgns",
        "where AppArmor is enabled: PID 1 is confined by it (waived where the kernel has no AppArmor)",
        ("7.sec.apparmor",), _LXC_CONF + " (lxc.apparmor.profile)", "roles/template_build/tasks/config.yml"),
+    _c("SBX-ESC-14", "second lock: no user namespaces even without the filter",
+       "user.max_user_namespaces is 0 inside the sandbox (a start-host hook sets it in the sandbox's "
+       "user namespace); neither the user nor container root can raise it (both backends)",
+       (), _LXC_CONF + " (lxc.hook.start-host)", "roles/template_build/files/sandbox-rt-userns-lock"),
+    _c("SBX-ESC-15", "no namespace switching",
+       "setns, unshare (mount, net) and clone with a namespace flag get the filter's EPERM (both backends)",
+       (), _SECCOMP),
+    _c("SBX-ESC-16", "no kernel keyring",
+       "keyctl, add_key, request_key get the filter's EPERM (both backends)", (), _SECCOMP),
+    _c("SBX-ESC-17", "no io_uring",
+       "io_uring_setup/enter/register get the filter's EPERM (both backends)", (), _SECCOMP),
+    _c("SBX-ESC-18", "no userfaultfd",
+       "userfaultfd (also user-mode-only) gets the filter's EPERM (both backends)", (), _SECCOMP),
+    _c("SBX-ESC-19", "no bpf",
+       "bpf gets the filter's EPERM (both backends)", (), _SECCOMP),
+    _c("SBX-ESC-20", "no perf events",
+       "perf_event_open gets the filter's EPERM (both backends)", (), _SECCOMP),
+    _c("SBX-ESC-21", "no mount calls",
+       "mount, umount2, pivot_root and the new mount API (open_tree, move_mount, fsopen, fsconfig, fsmount, "
+       "fspick, mount_setattr) get the filter's EPERM (both backends)", (), _SECCOMP),
+    _c("SBX-ESC-22", "no clock setting",
+       "settimeofday, clock_settime get the filter's EPERM (both backends)", (), _SECCOMP),
+    _c("SBX-ESC-23", "no ptrace family",
+       "ptrace, process_vm_readv/writev, kcmp, pidfd_getfd, process_madvise get the filter's EPERM, even "
+       "on the caller itself (both backends)", (), _SECCOMP),
+    _c("SBX-ESC-24", "no reboot or kexec",
+       "reboot, kexec_load, kexec_file_load get the filter's EPERM (both backends)", (), _SECCOMP),
+    _c("SBX-ESC-25", "no host administration calls",
+       "swapon/off, acct, quotactl, syslog, sethostname, setdomainname, open_by_handle_at, iopl, ioperm, "
+       "lookup_dcookie, fanotify_init, NUMA policy calls, AF_ALG and AF_VSOCK sockets get the filter's "
+       "EPERM (both backends)", (), _SECCOMP),
+    _c("SBX-ESC-26", "no new privileges",
+       "lxc.no_new_privs = 1; PID 1 and the user's shell carry NoNewPrivs; setuid sudo stops at the flag "
+       "(both backends)", (), _LXC_CONF + " (lxc.no_new_privs)"),
     # -- access -----------------------------------------------------------------------------------
     _c("SBX-ACC-01", "the runtime's credential is scoped",
        "LXC: the SSH key is root-only and only logs in as `sandbox`; PVE: the API token is confined to "
@@ -290,10 +341,10 @@ CONTROLS: tuple[Control, ...] = (
        ("7.op.orphan",), "sandbox_rt/manager.py (gc)", _LXC_BACKEND + " (gc_candidates)"),
     _c("SBX-LIFE-03", "clone, start, SSH, commands",
        "create reaches SSH-ready within seconds; commands run; a second process can attach",
-       ("7.op.ssh",), "sandbox_rt/manager.py (create)", "sandbox_rt/ssh.py"),
+       ("7.op.ssh",), "sandbox_rt/manager.py (create)", "sandbox_rt/ssh/executor.py"),
     _c("SBX-LIFE-04", "SFTP upload and download",
        "a file and a directory round-trip byte for byte",
-       ("7.op.sftp",), "sandbox_rt/sandbox.py", "sandbox_rt/ssh.py"),
+       ("7.op.sftp",), "sandbox_rt/sandbox.py", "sandbox_rt/ssh/executor.py"),
     _c("SBX-LIFE-05", "destroy forgets the network state",
        "the sandbox's state files, dnsmasq nftset lines, egress chain and sets, and its elements in the "
        "internet set, egress map and DNS clients set are gone",
@@ -359,6 +410,7 @@ def render_markdown() -> str:
     for key, text in SEED_CHECKLIST.items():
         ids = ", ".join(c.id for c in CONTROLS if key in c.seed)
         lines.append(f"| {key}: {_cell(text)} | {ids} |")
+    lines += ["", *seccomp_profile.render_markdown().splitlines()]
     lines += ["", "## Waivers (`tests/hardening/waivers.yml`)", ""]
     lines.append(
         "A waived control's test still runs: it asserts the waiver's condition and fails when the "

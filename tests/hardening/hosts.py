@@ -122,8 +122,26 @@ def sandbox_host(sb: sandbox_rt.Sandbox, settings: sandbox_rt.Settings, workdir:
     return Host(backend)
 
 
-def sandbox_root_host(sb: sandbox_rt.Sandbox, settings: sandbox_rt.Settings) -> Host:
-    return Host(LxcAttachBackend(sb.id, settings.lxc_path))
+def sandbox_root_host(sb: sandbox_rt.Sandbox, settings: sandbox_rt.Settings, container: str = "") -> Host:
+    return Host(LxcAttachBackend(container or sb.id, settings.lxc_path))
+
+
+def container_of(sb: sandbox_rt.Sandbox, lxc_path: Path) -> str:
+    """The LXC container on this host that holds ``sb`` (found by its address): the sandbox id
+    locally, ``<engine prefix><vmid>`` for a sandbox the PVE API test server made."""
+    if (lxc_path / sb.id / "config").is_file():
+        return sb.id
+    want = f"lxc.net.0.ipv4.address = {sb.ip}/"
+    found = []
+    for cfg in lxc_path.glob("*/config"):
+        try:
+            lines = cfg.read_text().splitlines()
+        except OSError:  # another test's container going away
+            continue
+        if any(line.strip().startswith(want) for line in lines):
+            found.append(cfg.parent.name)
+    assert len(found) == 1, f"{sb.id} ({sb.ip}): containers {found} on this host"
+    return found[0]
 
 
 def local_host() -> Host:

@@ -2,7 +2,8 @@
 
     python3 probe.py tcp HOST PORT [TIMEOUT]          {"open": bool, "error": str}
     python3 probe.py http HOST PORT [TIMEOUT]         {"ok": bool, "body": str, "error": str}
-    python3 probe.py dns SERVER NAME [udp|tcp]        {"answer": "a.b.c.d" | null, "error": str}
+    python3 probe.py dns SERVER NAME [udp|tcp]        {"answer": "a.b.c.d" | null, "rcode": int | null,
+                                                       "error": str}
     python3 probe.py dns-many NAME SERVER/PROTO ...   {"SERVER/PROTO": "a.b.c.d" | null, ...} (at once)
     python3 probe.py sweep TIMEOUT HOST:P1,P2-P3 ...  {"open": [[host, port], ...], "tried": n}
     python3 probe.py burst HOST PORT N WINDOW         {"connected": n, "tried": N}
@@ -77,9 +78,10 @@ def dns_query(server: str, name: str, proto: str = "udp", timeout: float = 2.0) 
                 sock.settimeout(timeout)
                 sock.sendto(packet, (server, 53))
                 data = sock.recv(512)
-        return {"answer": first_a_record(data), "error": ""}
+        rcode = data[3] & 0x0F if len(data) >= 4 else None  # 0 ok, 3 NXDOMAIN, 5 REFUSED
+        return {"answer": first_a_record(data), "rcode": rcode, "error": ""}
     except (OSError, ValueError, IndexError) as exc:
-        return {"answer": None, "error": f"{type(exc).__name__}: {exc}"}
+        return {"answer": None, "rcode": None, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def tcp(host: str, port: int, timeout: float = 2.0) -> dict[str, object]:

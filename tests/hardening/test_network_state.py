@@ -12,12 +12,14 @@ Every "blocked" is shown next to a "the host reaches it" or a "this other sandbo
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from sandbox_rt import Settings
+from sandbox_rt.egress_dns import bound_ports
 from sandbox_rt.netstate import NetState
 from sandbox_rt.network import NftInternetSet
 from tests.integration.provision_helpers import tcp_open
@@ -57,10 +59,10 @@ def test_SBX_NET_16_egress_allow_list(make: Factory, net: SimNet, nft: NftIntern
     assert t.sb.status().egress == (net.dns_name, net.wan_ip)
     assert not nft.contains(t.ip), "an egress list must not turn internet on"
 
-    _egress_works(t, net)  # the name: resolved by the host's dnsmasq into the sandbox's set
+    _egress_works(t, net)  # the name: resolved by the sandbox's own resolver into its own set
     assert _http_ok(t, net, net.wan_ip), "the allowed address is not reachable"
-    # DNS answers any name, but only allowed destinations connect
-    assert _resolves(t, net.other_dns_name) == [net.other_web_ip]
+    # a name outside the list does not resolve (SBX-NET-18), and its address does not connect
+    assert _resolves(t, net.other_dns_name) == []
     reached = checks.sweep(t, [f"{net.other_web_ip}:80", f"{net.wan_ip}:8080", f"{net.public_web_ip}:8080"])
     assert reached == set(), f"reached what the list does not allow: {reached}"
     checks.check_no_lan(t, net)
@@ -78,10 +80,62 @@ def test_SBX_NET_16_egress_allow_list(make: Factory, net: SimNet, nft: NftIntern
     assert t.sb.status().egress == ()
 
 
+def _dns_set(settings: Settings, t: Target) -> str:
+    out = subprocess.run(
+        ["nft", "list", "set", "inet", settings.nft_table, f"egress_{t.id[4:]}_dns"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.split("elements", 1)[-1] if "elements" in out else ""
+
+
+def _pid(path: Path) -> str:
+    return path.read_text().strip()
+
+
+def test_SBX_NET_18_dns_answers_only_the_list(make: Factory, net: SimNet, settings: Settings) -> None:
+    tag = secrets.token_hex(4)  # fresh names: the upstream's log is shared by the whole session
+    a = make(egress=[net.dns_name])
+    b = make(egress=[net.other_dns_name])
+    # A: its own name resolves; B's name and a name nobody lists are refused and never leave the host
+    allowed = (f"a{tag}.{net.dns_name}", net.public_web_ip)
+    outside = [f"b{tag}.{net.other_dns_name}", f"c{tag}.tunnel.test"]
+    checks.check_dns_answers_only_the_list(a, net, allowed, outside)
+    # the answer landed in A's own set, not in B's; HTTP to it works, other destinations stay closed
+    assert net.public_web_ip in _dns_set(settings, a) and net.public_web_ip not in _dns_set(settings, b)
+    assert _http_ok(a, net, net.public_web_ip)
+    assert checks.sweep(a, [f"{net.other_web_ip}:80", f"{net.wan_ip}:80,443"]) == set()
+    # B: the mirror image, through its own resolver
+    allowed_b = (f"d{tag}.{net.other_dns_name}", net.other_web_ip)
+    checks.check_dns_answers_only_the_list(b, net, allowed_b, [f"e{tag}.{net.dns_name}"])
+
+    # a change of A's list restarts A's resolver only: not B's, not the shared dnsmasq
+    state = NetState(settings)
+    pids = {p: _pid(p) for p in (state.resolvers.pid_path(b.id), settings.dnsmasq_pidfile)}
+    a.sb.set_egress([net.other_dns_name])
+    assert {p: _pid(p) for p in pids} == pids, "another sandbox's resolver or the shared dnsmasq restarted"
+    assert net.public_web_ip not in _dns_set(settings, a), "a removed name's addresses stay allowed"
+    allowed_a = (f"f{tag}.{net.other_dns_name}", net.other_web_ip)
+    checks.check_dns_answers_only_the_list(a, net, allowed_a, [f"g{tag}.{net.dns_name}"])
+    # a sandbox with internet still resolves everything through the shared dnsmasq
+    a.sb.set_internet(True)
+    assert _resolves(a, f"h{tag}.{net.dns_name}") == [net.public_web_ip]
+
+
 def _reload_tables(settings: Settings) -> None:
     """What the boot unit and site.yml do: load the role's nft file (it deletes and redefines)."""
     nft_file = checks.role_defaults("sandbox_network")["sandbox_network_nft_file"]
     subprocess.run(["nft", "-f", str(nft_file)], check=True, capture_output=True, text=True, timeout=30)
+
+
+def _restart_shared_dnsmasq(settings: Settings) -> None:
+    """The role's handler (no systemd): stop by pidfile + executable, start with the role's config."""
+    pid = ["--pidfile", str(settings.dnsmasq_pidfile), "--exec", "/usr/sbin/dnsmasq"]
+    stop = ["start-stop-daemon", "--stop", "--quiet", "--oknodo", "--retry", "TERM/5/KILL/2", *pid]
+    subprocess.run(stop, check=True, timeout=30)
+    start = ["start-stop-daemon", "--start", "--quiet", *pid, "--", f"--conf-file={settings.dnsmasq_conf}"]
+    subprocess.run(start, check=True, timeout=30)
 
 
 def test_SBX_NET_17_reload_and_dns_restart_keep_state(
@@ -106,8 +160,8 @@ def test_SBX_NET_17_reload_and_dns_restart_keep_state(
     checks.check_isolated(online, offline)
     checks.check_no_lan(online, net)
 
-    state._restart_dnsmasq()  # what the role's handler does, by the runtime's code
-    _egress_works(listed, net)
+    _restart_shared_dnsmasq(settings)  # what the role's handler does
+    _egress_works(listed, net)  # its own resolver forwards the listed name to the restarted one
     checks.check_internet_works(online, net)
     checks.check_no_internet(offline, net, nft)
 
@@ -121,20 +175,24 @@ def test_SBX_LIFE_05_destroy_forgets_the_network_state(
     make: Factory, net: SimNet, settings: Settings
 ) -> None:
     t = make(internet=True, egress=[net.dns_name, "192.0.2.0/24"])
-    files = [settings.net_state_dir / f"{t.id}.{ext}" for ext in ("json", "nft")]
+    files = [settings.net_state_dir / f"{t.id}.{ext}" for ext in ("json", "nft", "dnsmasq.conf")]
     assert all(f.exists() for f in files)
-    conf = Path(settings.dnsmasq_conf_dir) / "sandbox_rt-egress.conf"
-    assert f"egress_{t.id[4:]}_dns" in conf.read_text()
+    state = NetState(settings)
+    port = state.read(t.id).dns_port  # type: ignore[union-attr]
+    assert port is not None and state.resolvers.running(t.id)
+    assert port in bound_ports(settings.dns_server, "udp")
     t.sb.destroy()
     assert not any(f.exists() for f in files)
-    assert f"egress_{t.id[4:]}" not in conf.read_text()
+    assert not state.resolvers.running(t.id) and not state.resolvers.pid_path(t.id).exists()
+    assert port not in bound_ports(settings.dns_server), "the resolver's port is still bound"
     table = subprocess.run(
         ["nft", "list", "table", "inet", settings.nft_table], capture_output=True, text=True, check=True
     ).stdout
     assert f"egress_{t.id[4:]}" not in table
-    for name in (settings.nft_internet_set, "egress_sources", "dns_clients"):
+    for name in (settings.nft_internet_set, "egress_sources", "dns_resolvers"):
+        kind = "set" if name == settings.nft_internet_set else "map"
         listed = subprocess.run(
-            ["nft", "list", "set" if name != "egress_sources" else "map", "inet", settings.nft_table, name],
+            ["nft", "list", kind, "inet", settings.nft_table, name],
             capture_output=True,
             text=True,
             check=True,

@@ -1,26 +1,30 @@
-"""Proof that the checks can fail: for seven controls, the protection is removed in a throw-away setup
-and the control's own check function must then report a Violation (and pass again once the
-protection is back). Nothing here touches the template or other users' sandboxes: each proof uses
-its own fresh sandboxes, and nft rules inserted here match only their addresses and are deleted by
-handle afterwards, also on failure.
+"""Proof that the checks can fail: for every control in PROVES, the protection is removed in a
+throw-away setup and the control's own check function must then report a Violation (and, for the
+network ones, pass again once the protection is back). Nothing here touches the template or other
+users' sandboxes: each proof uses its own fresh sandboxes (the kernel-surface ones are clones of a
+throw-away copy of the template's config, tests/hardening/variants.py), and nft rules inserted here
+match only their addresses and are deleted by handle afterwards, also on failure.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from sandbox_rt import Settings
+from sandbox_rt import Manager, Settings
 from sandbox_rt.network import NftInternetSet
 from tests.integration.provision_helpers import sh, tcp_open, wait_for
 
 from . import checks
 from .checks import Target, Violation
-from .conftest import Factory
+from .conftest import Factory, _factory
 from .testnet import SimNet, host_listeners
+from .variants import ALLOW_ALL_SECCOMP, STOCK_SECCOMP, template_variant
 
 pytestmark = [pytest.mark.slow]
 
@@ -33,6 +37,25 @@ PROVES = {
     "test_proof_unlimited_pids_are_caught": "SBX-RES-01",
     "test_proof_sudo_granted_is_caught": "SBX-USER-02",
     "test_proof_password_login_enabled_is_caught": "SBX-SSH-02",
+    "test_proof_dns_for_any_name_is_caught": "SBX-NET-18",
+    # the kernel surface (issue 16): LXC's stock profile, or a filter refusing nothing
+    "test_proof_stock_seccomp_lets_user_namespaces_through": "SBX-ESC-08",
+    "test_proof_stock_seccomp_is_not_ours": "SBX-ESC-11",
+    "test_proof_stock_seccomp_lets_setns_through": "SBX-ESC-15",
+    "test_proof_stock_seccomp_lets_keyring_through": "SBX-ESC-16",
+    "test_proof_stock_seccomp_lets_io_uring_through": "SBX-ESC-17",
+    "test_proof_stock_seccomp_lets_userfaultfd_through": "SBX-ESC-18",
+    "test_proof_stock_seccomp_lets_bpf_through": "SBX-ESC-19",
+    "test_proof_stock_seccomp_lets_perf_events_through": "SBX-ESC-20",
+    "test_proof_stock_seccomp_lets_mount_calls_through": "SBX-ESC-21",
+    "test_proof_stock_seccomp_lets_clock_setting_through": "SBX-ESC-22",
+    "test_proof_stock_seccomp_lets_ptrace_through": "SBX-ESC-23",
+    "test_proof_stock_seccomp_lets_reboot_through": "SBX-ESC-24",
+    "test_proof_stock_seccomp_lets_admin_calls_through": "SBX-ESC-25",
+    "test_proof_module_calls_reaching_the_kernel_are_caught": "SBX-ESC-07",
+    "test_proof_missing_userns_lock_is_caught": "SBX-ESC-14",
+    "test_proof_setuid_with_new_privs_is_caught": "SBX-ESC-26",
+    "test_proof_user_owned_authorized_keys_are_caught": "SBX-USER-04",
 }
 
 
@@ -132,7 +155,9 @@ def test_proof_sudo_granted_is_caught(make: Factory) -> None:
     made = checks.run_root(t, f"echo 'sandbox ALL=(ALL) NOPASSWD:ALL' > {grant} && chmod 0440 {grant}")
     assert made.returncode == 0, made.stderr
     try:
-        expect_violation("SBX-USER-02", checks.check_no_sudo, t, match="`sudo -n true` succeeded")
+        # with no_new_privs (SBX-ESC-26) even a granted sudo cannot run (`sudo -n true` stops at the
+        # flag): the check catches the grant in sudo's own policy listing
+        expect_violation("SBX-USER-02", checks.check_no_sudo, t, match="may run the following commands")
     finally:
         checks.run_root(t, f"rm -f {grant}")
     checks.check_no_sudo(t)
@@ -151,3 +176,135 @@ def test_proof_password_login_enabled_is_caught(make: Factory) -> None:
     assert checks.sshd_value(checks.sshd_settings(t), "passwordauthentication") == "yes"
     wait_for(lambda: tcp_open(t.ip, 22), 10, "sshd back after HUP")  # it re-executes itself
     expect_violation("SBX-SSH-02", checks.check_password_refused, t, match="password auth is on")
+
+
+def test_proof_dns_for_any_name_is_caught(make: Factory, net: SimNet, settings: Settings) -> None:
+    # the old design: a listed sandbox asks the host's shared dnsmasq, which forwards any name upstream
+    t = make(egress=[net.dns_name])
+    tag = secrets.token_hex(4)
+    with (
+        nft_rule(settings, "prerouting", f"ip saddr {t.ip} accept"),  # no DNAT to its own resolver
+        nft_rule(settings, "from_sandbox", f"ip saddr {t.ip} meta l4proto {{ tcp, udp }} th dport 53 accept"),
+    ):
+        allowed, outside = (f"q{tag}.{net.dns_name}", net.public_web_ip), [f"p{tag}.{net.other_dns_name}"]
+        expect_violation("SBX-NET-18", checks.check_dns_answers_only_the_list, t, net, allowed, outside)
+    allowed, outside = (f"r{tag}.{net.dns_name}", net.public_web_ip), [f"s{tag}.{net.other_dns_name}"]
+    checks.check_dns_answers_only_the_list(t, net, allowed, outside)
+
+
+# -- the kernel surface (issue 16) ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def stock_seccomp(settings: Settings, workdir: Path) -> Iterator[Target]:
+    """A throw-away sandbox whose config loads LXC's stock common.seccomp (all else as the template)."""
+    with (
+        template_variant(settings, {"lxc.seccomp.profile": STOCK_SECCOMP}) as variant,
+        _factory(Manager(variant), settings, workdir) as make_stock,
+    ):
+        yield make_stock()
+
+
+@pytest.fixture(scope="module")
+def unconfined(settings: Settings, workdir: Path) -> Iterator[Target]:
+    """A throw-away sandbox with a filter that refuses nothing, no user namespace lock and no
+    no_new_privs: the kernel's own checks alone."""
+    profile = workdir / "allow-all.seccomp"
+    profile.write_text(ALLOW_ALL_SECCOMP)
+    changes = {"lxc.seccomp.profile": str(profile), "lxc.hook.start-host": None, "lxc.no_new_privs": "0"}
+    with (
+        template_variant(settings, changes) as variant,
+        _factory(Manager(variant), settings, workdir) as make_unconfined,
+    ):
+        yield make_unconfined()
+
+
+def test_proof_stock_seccomp_lets_user_namespaces_through(stock_seccomp: Target) -> None:
+    expect_violation("SBX-ESC-08", checks.check_no_user_namespaces, stock_seccomp, match="ENOSPC")
+    # ... and still refused, by the second lock alone (SBX-ESC-14): ENOSPC, not the filter's EPERM
+    got = checks.kernel_probe(stock_seccomp, "userns")["userns"]
+    assert got["unshare(CLONE_NEWUSER)"]["errno"] == errno.ENOSPC, got
+    assert got["clone(CLONE_NEWUSER)"]["errno"] == errno.ENOSPC, got
+    checks.check_userns_lock(stock_seccomp)
+
+
+def test_proof_stock_seccomp_is_not_ours(stock_seccomp: Target) -> None:
+    expect_violation("SBX-ESC-11", checks.check_seccomp, stock_seccomp, match="answers umount2 with allow")
+
+
+def test_proof_stock_seccomp_lets_setns_through(stock_seccomp: Target) -> None:
+    expect_violation("SBX-ESC-15", checks.check_refused, stock_seccomp, "setns")
+
+
+def test_proof_stock_seccomp_lets_keyring_through(stock_seccomp: Target) -> None:
+    expect_violation("SBX-ESC-16", checks.check_refused, stock_seccomp, "keyring")
+
+
+def test_proof_stock_seccomp_lets_io_uring_through(stock_seccomp: Target) -> None:
+    expect_violation("SBX-ESC-17", checks.check_refused, stock_seccomp, "io_uring")
+
+
+def test_proof_stock_seccomp_lets_userfaultfd_through(stock_seccomp: Target) -> None:
+    expect_violation("SBX-ESC-18", checks.check_refused, stock_seccomp, "userfaultfd")
+
+
+def test_proof_stock_seccomp_lets_bpf_through(stock_seccomp: Target) -> None:
+    expect_violation("SBX-ESC-19", checks.check_refused, stock_seccomp, "bpf")
+
+
+def test_proof_stock_seccomp_lets_perf_events_through(stock_seccomp: Target) -> None:
+    expect_violation("SBX-ESC-20", checks.check_refused, stock_seccomp, "perf_event_open")
+
+
+def test_proof_stock_seccomp_lets_mount_calls_through(stock_seccomp: Target) -> None:
+    expect_violation("SBX-ESC-21", checks.check_refused, stock_seccomp, "mount")
+
+
+def test_proof_stock_seccomp_lets_clock_setting_through(stock_seccomp: Target) -> None:
+    expect_violation("SBX-ESC-22", checks.check_refused, stock_seccomp, "clock")
+
+
+def test_proof_stock_seccomp_lets_ptrace_through(stock_seccomp: Target) -> None:
+    expect_violation("SBX-ESC-23", checks.check_refused, stock_seccomp, "ptrace")
+
+
+def test_proof_stock_seccomp_lets_reboot_through(stock_seccomp: Target) -> None:
+    # reboot and kexec_load get EPERM from the kernel too: the loaded filter's answer tells them apart
+    expect_violation("SBX-ESC-24", checks.check_refused, stock_seccomp, "reboot")
+
+
+def test_proof_stock_seccomp_lets_admin_calls_through(stock_seccomp: Target) -> None:
+    expect_violation("SBX-ESC-25", checks.check_refused, stock_seccomp, "admin")
+
+
+def test_proof_module_calls_reaching_the_kernel_are_caught(unconfined: Target) -> None:
+    # the stock profile refuses the module calls too; with a filter that refuses nothing the kernel
+    # answers them itself (EPERM, or ENOSYS without module support), and the check sees the filter
+    # let them through
+    expect_violation("SBX-ESC-07", checks.check_no_modules, unconfined)
+
+
+def test_proof_missing_userns_lock_is_caught(unconfined: Target) -> None:
+    expect_violation("SBX-ESC-14", checks.check_userns_lock, unconfined, match="max_user_namespaces is")
+
+
+def test_proof_setuid_with_new_privs_is_caught(unconfined: Target) -> None:
+    expect_violation("SBX-ESC-26", checks.check_no_new_privs, unconfined, match="sudo ran as root")
+
+
+def test_proof_user_owned_authorized_keys_are_caught(make: Factory) -> None:
+    """The key file owned by the sandbox user (the old ~/.ssh/authorized_keys arrangement): the
+    check sees the owner and that the user can write it; with sshd reading ~/.ssh again, it sees the
+    user's own key log in."""
+    t = make()
+    keys = f"{checks.role_defaults('sandbox_template')['sandbox_template_authorized_keys_dir']}/sandbox"
+    given = checks.run_root(t, f"chown sandbox:sandbox {keys} && chmod 0600 {keys}")
+    assert given.returncode == 0, given.stderr
+    expect_violation("SBX-USER-04", checks.check_authorized_keys, t, match="is sandbox:sandbox")
+    expect_violation("SBX-USER-04", checks.check_keys_not_writable, t, keys, match="could append to")
+    old = (
+        "sed -i 's|^AuthorizedKeysFile .*|AuthorizedKeysFile .ssh/authorized_keys|' /etc/ssh/sshd_config && "
+        "kill -HUP $(ps -eo pid=,ppid=,comm= | awk '$2 == 1 && $3 == \"sshd\" {print $1}')"
+    )
+    done = checks.run_root(t, old)
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: tcp_open(t.ip, 22), 10, "sshd back after HUP")  # it re-executes itself
+    expect_violation("SBX-USER-04", checks.check_own_key_ignored, t, match="logged in")

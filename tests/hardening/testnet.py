@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -69,6 +70,8 @@ class SimNet:
     dns_name: str = "example.test"
     # What the role is re-applied with for the session (sandbox_network_internet_tcp_ports default).
     allowed_tcp_ports: tuple[int, ...] = (80, 443)
+    # The wan resolver (the host dnsmasq's upstream) logs every query it receives here.
+    wan_dns_log: str = "/tmp/sandbox_rt-hardening-wan-dns.log"
 
     @property
     def role_vars(self) -> dict[str, object]:
@@ -89,6 +92,14 @@ class SimNet:
         out = sh("ip", "-j", "route", "get", address, "from", "10.99.1.1", "iif", self.bridge).stdout
         return str(json.loads(out)[0].get("dev", ""))
 
+    def upstream_queries(self) -> list[str]:
+        """The names the wan resolver was asked for (what left the host), oldest first."""
+        try:
+            text = Path(self.wan_dns_log).read_text()
+        except FileNotFoundError:
+            return []
+        return re.findall(r"query\[\w+\] (\S+) from ", text)
+
     def uplink_rule_loaded(self) -> bool:
         out = sh("nft", "list", "chain", "inet", "sandbox", "forward", check=False).stdout
         return f'oifname "{self.wan_if}"' in out
@@ -107,6 +118,7 @@ def _cleanup_leftovers(net: SimNet) -> None:
         sh("ip", "netns", "del", ns, check=False)
     for link in (net.wan_if, net.lan_if):
         sh("ip", "link", "del", link, check=False)
+    Path(net.wan_dns_log).unlink(missing_ok=True)
 
 
 def _veth_into_netns(host_if: str, netns: str, host_cidr: str, ns_cidr: str) -> None:
@@ -199,6 +211,8 @@ def simulated_network(net: SimNet) -> Iterator[SimNet]:
                 f"--address=/{net.other_dns_name}/{net.other_web_ip}",
                 "--pid-file",
                 "--user=root",
+                "--log-queries",
+                f"--log-facility={net.wan_dns_log}",
             )
         )
         # Poll the ports (never sleep blindly): from the host where a route exists, else in the netns.

@@ -9,7 +9,7 @@ import re
 import pytest
 import testinfra
 
-from tests.integration.provision_helpers import ensure_provisioned
+from tests.integration.provision_helpers import REPO, ensure_provisioned
 
 pytestmark = [
     pytest.mark.slow,
@@ -36,6 +36,8 @@ CONTRACT_KEYS = {
     "dnsmasq_conf_dir",
     "dnsmasq_conf",
     "dnsmasq_pidfile",
+    "egress_dns_port_min",
+    "egress_dns_port_max",
     "idmap_base",
     "idmap_size",
     "disk_limits",
@@ -163,13 +165,17 @@ def test_template_rootfs_is_unprivileged_and_has_no_identity(host, rootfs) -> No
 
 
 def test_template_authorized_keys_hold_the_runtime_key(host, settings, rootfs) -> None:  # type: ignore[no-untyped-def]
-    ssh_dir = host.file(f"{rootfs}/home/sandbox/.ssh")
-    keys = host.file(f"{rootfs}/home/sandbox/.ssh/authorized_keys")
-    assert ssh_dir.mode == 0o700 and keys.mode == 0o600
-    assert ssh_dir.uid == keys.uid == 101000  # sandbox (uid 1000) in the container's id map
+    # root-owned (container root = host 100000), not the sandbox user's (101000): it cannot rewrite them
+    keys_dir = host.file(f"{rootfs}/etc/ssh/authorized_keys")
+    keys = host.file(f"{rootfs}/etc/ssh/authorized_keys/sandbox")
+    assert keys_dir.mode == 0o755 and keys.mode == 0o644
+    assert keys_dir.uid == keys.uid == keys_dir.gid == keys.gid == 100000
     public = host.file(str(settings["ssh_key"]) + ".pub").content_string.split()[1]
     lines = keys.content_string.splitlines()
-    assert len(lines) == 1 and public in lines[0]
+    assert len(lines) == 1 and public in lines[0] and lines[0].startswith("restrict")
+    assert not host.file(f"{rootfs}/home/sandbox/.ssh").exists  # sshd never reads it
+    sshd = host.file(f"{rootfs}/etc/ssh/sshd_config").content_string.splitlines()
+    assert "AuthorizedKeysFile /etc/ssh/authorized_keys/%u" in sshd
 
 
 def test_template_sshd_and_limits(host, rootfs) -> None:  # type: ignore[no-untyped-def]
@@ -210,14 +216,30 @@ def test_template_config_is_complete_and_confined(host, settings) -> None:  # ty
         "lxc.net.0.type = veth",
         f"lxc.net.0.link = {settings['bridge']}",
         "lxc.net.0.name = eth0",
-        "lxc.seccomp.profile = /usr/share/lxc/config/common.seccomp",
+        "lxc.seccomp.profile = /etc/sandbox_rt/lxc/sandbox.seccomp",
+        "lxc.no_new_privs = 1",
+        "lxc.hook.start-host = /usr/local/libexec/sandbox_rt/userns-lock",
         "lxc.cgroup.devices.deny = a",
     ):
         assert line in lines, line
+    profile = host.file("/etc/sandbox_rt/lxc/sandbox.seccomp")
+    assert profile.user == "root" and profile.mode == 0o644
+    assert profile.content == (REPO / "roles/template_build/files/sandbox.seccomp").read_bytes()
+    hook = host.file("/usr/local/libexec/sandbox_rt/userns-lock")
+    assert hook.user == "root" and hook.mode == 0o755
     assert not any(line.startswith("lxc.include") for line in lines), "no common.conf (lxcfs hooks)"
     assert not any(line.startswith("lxc.net.0.ipv4") for line in lines), "the template has no address"
     dropped = " ".join(line.split("=", 1)[1] for line in lines if line.startswith("lxc.cap.drop")).split()
     assert {"sys_admin", "sys_module", "sys_rawio", "sys_ptrace", "mac_admin", "net_admin"} <= set(dropped)
+
+
+def test_host_does_not_enable_unprivileged_user_namespaces(host) -> None:  # type: ignore[no-untyped-def]
+    """lxc_host sets kernel.unprivileged_userns_clone=0 where the kernel has the key (Debian/Ubuntu
+    kernels; upstream ones, like this CI machine's, do not) and never writes 1."""
+    dropin = host.file("/etc/sysctl.d/60-sandbox_rt-lxc.conf").content_string
+    assert not re.search(r"^kernel\.unprivileged_userns_clone\s*=\s*1", dropin, re.M), dropin
+    if host.file("/proc/sys/kernel/unprivileged_userns_clone").exists:
+        assert host.sysctl("kernel.unprivileged_userns_clone") == 0
 
 
 def test_bridge_keeps_carrier_through_a_stub_port_alone_in_its_netns(host, settings) -> None:  # type: ignore[no-untyped-def]

@@ -64,7 +64,12 @@ def test_nft_gate_lets_only_the_runtimes_set_and_chains_out(tmp_path: Path) -> N
     assert out == ['iifname "vmbr1" oifname "hwan0" ip saddr @internet_allowed tcp dport { 80, 443 } accept']
     assert "ip saddr vmap @egress_sources" in forward
     dns = [ln.strip() for ln in _chain(text, "from_sandbox").splitlines() if "dport 53 accept" in ln]
-    assert dns and all(ln.startswith(("ip saddr @internet_allowed", "ip saddr @dns_clients")) for ln in dns)
+    assert dns and all(ln.startswith("ip saddr @internet_allowed") for ln in dns)
+    # without internet, DNS reaches the host only DNATed to the sandbox's own egress resolver
+    own = [ln.strip() for ln in _chain(text, "from_sandbox").splitlines() if "ct status dnat" in ln]
+    dnated = "meta l4proto { tcp, udp } th dport 20000-21999 ct status dnat ct original proto-dst 53 accept"
+    assert own == [dnated]
+    assert "dnat ip to 10.99.0.1 : ip saddr map @dns_resolvers" in _chain(text, "prerouting")
     assert 'iifname "sbx*" counter drop' in text and 'oifname "sbx*" counter drop' in text
 
 
@@ -79,6 +84,7 @@ def test_pve_firewall_gate_leaves_egress_to_the_ct_firewall_and_still_fences(tmp
     assert "@internet_allowed" not in forward and "@egress_sources" not in forward
     assert lines[-2:] == ['iifname "vmbr1" counter drop', 'oifname "vmbr1" counter drop']
     assert "udp dport 53 accept" in [ln.strip() for ln in _chain(text, "from_sandbox").splitlines()]
+    assert "dns_resolvers" not in text.split("map dns_resolvers", 1)[1]  # no egress resolvers on PVE
     assert 'iifname "sbx*"' not in text  # PVE ports are veth*/fwpr* like any guest's: ibrname only
 
 

@@ -172,12 +172,24 @@ def assert_clean(run: Run, what: str) -> None:
     assert run.total("changed") == 0, f"{what} changed something: {run.recap}\n" + "\n".join(changed)
 
 
+def module_changed(run: Run, task: str, item: str) -> bool:
+    """The task (a community.proxmox module) reported ``changed`` for ``item`` (its loop label)."""
+    section = run.output.split(f"TASK [proxmox_access : {task}]", 1)[-1].split("TASK [", 1)[0]
+    header = f"TASK [proxmox_access : {task}]"
+    return header in run.output and "changed: [" in section and f"(item={item})" in section
+
+
 def acl_entries(api: ProxmoxAPI) -> set[tuple[str, str, str, str, int]]:
     return {(e["path"], e["type"], e["ugid"], e["roleid"], int(e["propagate"])) for e in api.access.acl.get()}
 
 
-WANTED_ACLS = {
-    (path, kind, ugid, ROLE, 1) for path in ACL_PATHS for kind, ugid in (("user", USER), ("token", TOKENID))
+SUBJECTS = (("user", USER), ("token", TOKENID))
+# The pool role on the pool, storage and bridge; the template's clone-only role and the audit role on
+# "/" only on their own path (not propagated): the template lives outside the pool.
+WANTED_ACLS = {(path, kind, ugid, ROLE, 1) for path in ACL_PATHS for kind, ugid in SUBJECTS} | {
+    (path, kind, ugid, role, 0)
+    for path, role in (("/vms/9000", "SandboxTemplateClone"), ("/", "SandboxRuntimeAudit"))
+    for kind, ugid in SUBJECTS
 }
 
 
@@ -197,6 +209,8 @@ def test_converges_to_pool_role_user_token_and_acls(prepared: tuple[Server, Run]
     root = server.root
     assert POOL in {p["poolid"] for p in root.pools.get()}
     assert set(root.access.roles(ROLE).get()) == PRIVILEGES
+    assert set(root.access.roles("SandboxTemplateClone").get()) == {"VM.Clone", "VM.Audit"}
+    assert set(root.access.roles("SandboxRuntimeAudit").get()) == {"Sys.Audit"}
     users = {u["userid"]: u for u in root.access.users.get(full=1)}
     assert users[USER]["enable"] == 1
     tokens = {t["tokenid"]: t for t in users[USER]["tokens"]}
@@ -226,13 +240,14 @@ def test_check_on_a_fresh_server_reports_changes_and_creates_nothing(tmp_path: P
         assert run.returncode == 0 and run.total("failed") == 0, run.tail()
         assert run.total("changed") > 0, run.recap
         for planned in (
-            f"would create pool {POOL}",
             f"would create role {ROLE}",
-            f"would create user {USER}",
             f"would create token {TOKENID}",
             f"would grant {ROLE} on {ACL_PATHS[0]} to token {TOKENID}",
         ):
             assert planned in run.output, planned
+        # pools and users are the community.proxmox modules' (check mode: changed, nothing sent)
+        assert module_changed(run, "Create missing pools", POOL), run.tail()
+        assert module_changed(run, "Create missing users, update changed fields", USER), run.tail()
         assert server.state() == state, "check mode wrote to PVE"
         root = server.root
         assert POOL not in {p["poolid"] for p in root.pools.get()}
@@ -281,7 +296,8 @@ def test_a_refused_write_shows_pves_message_and_no_secret(tmp_path: Path) -> Non
         token_file.chmod(0o600)
         run = run_play(server, "-vvv", "-e", f"proxmox_access_api_token_file={token_file}")
         assert run.returncode != 0 and run.total("failed") == 1 and run.total("changed") == 0, run.tail()
-        assert "create pool sandbox-pool (POST /pools): HTTP 403 Permission check failed" in run.output
+        refused = "Failed to create pool with ID sandbox-pool: 403 Forbidden: Permission check failed"
+        assert refused in run.output
         assert secret not in run.output and "PVEAPIToken" not in run.output
 
 
@@ -295,8 +311,10 @@ def test_drift_is_repaired(prepared: tuple[Server, Run]) -> None:
     repair = run_play(server)
     assert repair.returncode == 0 and repair.total("failed") == 0, repair.tail()
     for what in ("remove [Sys.Audit,VM.Console]", f"remove Administrator on / from token {TOKENID}",
-                 f"update token {TOKENID} (privsep)", f"update user {USER} (comment)"):  # fmt: skip
+                 f"update token {TOKENID} (privsep)"):  # fmt: skip
         assert what in repair.output, what
+    assert module_changed(repair, "Create missing users, update changed fields", USER), repair.tail()
+    assert root.access.users(USER).get()["comment"] != "edited by hand"
     assert set(root.access.roles(ROLE).get()) == PRIVILEGES
     assert {e for e in acl_entries(root) if e[2] in (USER, TOKENID)} == WANTED_ACLS
     assert root.access.users(USER).token(TOKEN).get()["privsep"] == 1

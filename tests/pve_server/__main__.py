@@ -19,6 +19,7 @@ from types import FrameType
 from .engine import Engine
 from .engine_lxc import DEFAULT_LXC_PATH, DEFAULT_TEMPLATE, LxcEngine
 from .engine_memory import MemoryEngine
+from .engine_node import NodeEngine
 from .schema import Schema, schema_path
 from .server import PVETestServer, write_secret
 
@@ -28,7 +29,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=0, help="port (default 0: a free one, printed)")
     ap.add_argument("--state", type=Path, help="JSON state file (loaded if present, written on change)")
-    ap.add_argument("--engine", choices=("memory", "lxc"), default="memory")
+    ap.add_argument("--engine", choices=("memory", "lxc", "node"), default="memory")
+    ap.add_argument(
+        "--node-lxc-path",
+        type=Path,
+        help="node engine: the LXC path holding the emulated node container (named as the first --nodes)",
+    )
     ap.add_argument("--lxc-path", type=Path, default=DEFAULT_LXC_PATH)
     ap.add_argument("--lxc-template", default=DEFAULT_TEMPLATE)
     ap.add_argument("--nodes", default="pve", help="comma-separated node names (first is local)")
@@ -51,11 +57,18 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     engine: Engine
-    if args.engine == "lxc":
-        engine = LxcEngine(args.lxc_path, args.lxc_template)
+    nodes = [n for n in args.nodes.split(",") if n]
+    if args.engine in ("lxc", "node"):
+        if args.engine == "node":
+            if args.node_lxc_path is None:
+                print("pve-test-server: --engine node needs --node-lxc-path", file=sys.stderr)
+                return 2
+            engine = NodeEngine(args.node_lxc_path, nodes[0])
+        else:
+            engine = LxcEngine(args.lxc_path, args.lxc_template)
         reason = engine.unavailable_reason()
         if reason:
-            print(f"pve-test-server: LXC engine unavailable: {reason}", file=sys.stderr)
+            print(f"pve-test-server: {args.engine} engine unavailable: {reason}", file=sys.stderr)
             return 2
     else:
         engine = MemoryEngine()
@@ -64,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         engine=engine,
         state_file=args.state,
-        nodes=[n for n in args.nodes.split(",") if n],
+        nodes=nodes,
         schema=Schema.load(args.schema),
         tls_dir=args.tls_dir,
         bootstrap_token_file=args.bootstrap_token_file,

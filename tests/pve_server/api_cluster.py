@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import time
 from typing import Any
 
 from .core import Call, route
 from .ctconfig import parse_kv, rootfs_info
+from .engine import StorageBacked
 from .errors import fail, param_error
+from .tasks import TaskContext
 
 _GIB = 1024**3
 
@@ -64,14 +68,15 @@ def _next_free(call: Call) -> int:
 
 
 @route("GET", "/cluster/nextid")
-def nextid(call: Call) -> int:
+def nextid(call: Call) -> str:
+    """PVE answers the ID as a JSON string ("100"; the schema says integer, Perl sends a string)."""
     with call.state.lock:
         if "vmid" in call.params:
             vmid = int(call.params["vmid"])
             if call.state.ct(vmid) is not None:
                 raise param_error({"vmid": f"VM {vmid} already exists"})
-            return vmid
-        return call.faults.nextid(lambda: _next_free(call))
+            return str(vmid)
+        return str(call.faults.nextid(lambda: _next_free(call)))
 
 
 @route("GET", "/cluster/resources")
@@ -311,3 +316,56 @@ def storage_content(call: Call) -> list[dict[str, Any]]:
 
 def bridge_of(net_value: str) -> str | None:
     return parse_kv(net_value).get("bridge")
+
+
+# PVE's extension check of an uploaded CT template (PVE::Storage's vztmpl volume names).
+_VZTMPL_NAME = re.compile(r"^[^/]+\.tar\.(?:gz|xz|zst|bz2)$")
+
+
+@route("POST", "/nodes/{node}/storage/{storage}/upload")
+def upload(call: Call) -> str:
+    """PVE's API2::Storage::Status::upload: pveproxy spooled the file (``tmpfilename``); its name
+    is normalised, checked against the content type, and an ``imgcopy`` task moves it into the
+    storage (the node engine: the node's /var/lib/vz/template/cache). Other engines keep only the
+    volume's record."""
+    p = call.params
+    sid, content = str(p["storage"]), str(p["content"])
+    token = str(p.get("tmpfilename") or "")
+    spool = call.core.uploads.pop(token, None)
+    if spool is None:
+        raise param_error({"filename": "no file uploaded (send it as multipart/form-data)"})
+    try:
+        filename = re.sub(r"[^a-zA-Z0-9_.-]", "_", os.path.basename(str(p["filename"])))
+        with call.state.lock:
+            scfg = _storage_or_fail(call, sid)
+            if content not in scfg["content"]:
+                raise param_error({"content": f"storage '{sid}' does not support '{content}' content"})
+        if content != "vztmpl":
+            raise fail(f"upload of content type '{content}' is not implemented by the PVE test server")
+        if not _VZTMPL_NAME.match(filename):
+            raise param_error({"filename": "wrong file extension"})
+    except BaseException:
+        spool.unlink(missing_ok=True)
+        raise
+    volid = f"{sid}:vztmpl/{filename}"
+    size = spool.stat().st_size
+    target_dir = call.engine.storage_dir(sid) if isinstance(call.engine, StorageBacked) else None
+
+    def body(ctx: TaskContext) -> None:
+        try:
+            if target_dir is not None:
+                dest = target_dir / "template" / "cache" / filename
+                ctx.log(f"target file: {dest}")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(spool, dest.with_name(dest.name + ".tmp"))
+                dest.with_name(dest.name + ".tmp").replace(dest)
+            ctx.log(f"file size is: {size}")
+        finally:
+            spool.unlink(missing_ok=True)
+        with call.mutate() as st:
+            vols = [v for v in st.volumes.setdefault(sid, []) if v["volid"] != volid]
+            vols.append({"volid": volid, "content": "vztmpl", "size": size})
+            st.volumes[sid] = vols
+        ctx.log(f"stored as {volid}")
+
+    return call.tasks.start(call.node, "imgcopy", "", call.authid, body).upid

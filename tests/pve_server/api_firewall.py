@@ -1,4 +1,5 @@
-"""/nodes/{node}/lxc/{vmid}/firewall/{options,rules,ipset} (pve-firewall semantics).
+"""/nodes/{node}/lxc/{vmid}/firewall/{options,rules,ipset} and /cluster/firewall/options
+(pve-firewall semantics).
 
 As in PVE, a guest firewall config exists independently of the guest (``/etc/pve/firewall/
 <vmid>.fw``): it is copied by clone and removed by destroy. Lists carry PVE's SHA-1 ``digest``.
@@ -86,6 +87,38 @@ def set_options(call: Call) -> None:
     settable = set(call.method.properties) - {"node", "vmid", "delete", "digest"}
     with call.mutate():
         opts = _fw(call)["options"]
+        _assert_digest(_object_digest(opts), p.get("digest"))
+        for opt in split_list(p.get("delete", "")):
+            if opt not in settable:
+                raise param_error({"delete": f"no such option '{opt}'"})
+            opts.pop(opt, None)
+        for key in settable & set(p):
+            opts[key] = _flag(p[key])
+
+
+# --- the datacenter firewall (/cluster/firewall/options) ---------------------------------------
+
+
+def _cluster_options(call: Call) -> dict[str, Any]:
+    """``/etc/pve/firewall/cluster.fw``'s [OPTIONS]; PVE's default: ``enable`` unset (off)."""
+    section: dict[str, Any] = call.state.data.setdefault("cluster_firewall", {"options": {}})
+    opts: dict[str, Any] = section.setdefault("options", {})
+    return opts
+
+
+@route("GET", "/cluster/firewall/options")
+def get_cluster_options(call: Call) -> dict[str, Any]:
+    with call.state.lock:
+        opts = dict(_cluster_options(call))
+    return {**opts, "digest": _object_digest(opts)}
+
+
+@route("PUT", "/cluster/firewall/options")
+def set_cluster_options(call: Call) -> None:
+    p = call.params
+    settable = set(call.method.properties) - {"delete", "digest"}
+    with call.mutate():
+        opts = _cluster_options(call)
         _assert_digest(_object_digest(opts), p.get("digest"))
         for opt in split_list(p.get("delete", "")):
             if opt not in settable:

@@ -102,6 +102,7 @@ def check_modify_perm(
     old: dict[str, Any] | None,
     new: dict[str, Any],
     delete: list[str],
+    storage: str | None = None,
 ) -> None:
     """PVE::LXC::check_ct_modify_config_perm (per option privileges, SDN.Use on bridges)."""
     who = call.authid
@@ -115,10 +116,14 @@ def check_modify_perm(
         elif _DISK_RE.match(opt):
             acl.check_vm_perm(who, vmid, pool, ["VM.Config.Disk"])
             if not deleting:
+                # PVE's classify_mountpoint: /dev/... is a device, /... a bind mount, anything else a
+                # volume - STORAGE:VOLUME, STORAGE:SIZE or a bare SIZE on the create's storage
                 volume = parse_kv(str(new[opt]), "volume").get("volume", "")
-                if not re.match(r"^[^/:]+:", volume):
-                    raise perm_error("mount point type bind is only allowed for root@pam")
-                acl.check(who, f"/storage/{volume.split(':')[0]}", ["Datastore.AllocateSpace"])
+                if volume.startswith("/"):
+                    kind = "device" if volume.startswith("/dev/") else "bind"
+                    raise perm_error(f"mount point type {kind} is only allowed for root@pam")
+                sid = volume.split(":")[0] if ":" in volume else str(storage or "local")
+                acl.check(who, f"/storage/{sid}", ["Datastore.AllocateSpace"])
         elif opt in ("memory", "swap"):
             acl.check_vm_perm(who, vmid, pool, ["VM.Config.Memory"])
         elif _NET_RE.match(opt):
@@ -190,7 +195,7 @@ def create_vm(call: Call) -> str:
         ):
             raise perm_error()
         new = {k: v for k, v in p.items() if k not in _NOT_STORED}
-        check_modify_perm(call, vmid, pool, None, new, [])
+        check_modify_perm(call, vmid, pool, None, new, [], storage=p.get("storage"))
         template = str(p["ostemplate"])
         tsid = template.split(":", 1)[0]
         if template not in [v["volid"] for v in st.volumes.get(tsid, [])]:
@@ -212,7 +217,14 @@ def create_vm(call: Call) -> str:
         if "rootdir" not in scfg["content"]:
             raise param_error({"storage": f"storage '{sid}' does not support container directories"})
         call.acl.check(who, f"/storage/{sid}", ["Datastore.AllocateSpace"])
-        conf: dict[str, Any] = {"arch": "amd64", "ostype": "debian", "memory": 512, "swap": 512}
+        # PVE's create: hostname defaults to "CT<vmid>" and is stored (pve-container's create_vm)
+        conf: dict[str, Any] = {
+            "arch": "amd64",
+            "ostype": "debian",
+            "memory": 512,
+            "swap": 512,
+            "hostname": f"CT{vmid}",
+        }
         for key, value in new.items():
             if _NET_RE.match(key):
                 conf[key] = normalize_net(str(value))
@@ -231,7 +243,7 @@ def create_vm(call: Call) -> str:
     def body(ctx: TaskContext) -> None:
         ctx.log(f"extracting archive '{template}'")
         try:
-            call.engine.create(vmid, snapshot_conf)
+            call.engine.create(vmid, snapshot_conf, template, str(p.get("ssh-public-keys") or ""))
             ctx.fault_point()
         except Exception:
             _drop_ct(call, vmid)
@@ -406,6 +418,8 @@ def _do_start(call: Call, ctx: TaskContext, vmid: int, skiplock: bool) -> None:
         raise TaskError("you can't start a CT if it's a template")
     if not skiplock:
         check_lock(conf)
+    with call.state.lock:  # the CT's firewall is in force before it runs (also after a node reboot)
+        call.core.after_change()
     public = call.engine.start(vmid, conf)
     try:
         ctx.fault_point()
@@ -502,6 +516,11 @@ def clone_vm(call: Call) -> str:
             full = not src.get("template")
         if storage and not full:
             raise fail("parameter 'storage' not allowed for linked clones")
+        if not full and not src.get("template") and not p.get("snapname"):
+            # PVE::Storage::volume_has_feature('clone', ...): only a template's base volume (or
+            # a snapshot, on lvmthin) can back a linked clone
+            volid = parse_kv(str(src.get("rootfs", "")), "volume").get("volume", "")
+            raise fail(f"Linked clone feature for '{volid}' is not available")
         snapname = p.get("snapname")
         if snapname:  # clone what the snapshot holds (api_snapshot), not the CT as it is now
             snap = (load_ct(call, vmid).get("snapshots") or {}).get(snapname)
@@ -539,6 +558,7 @@ def clone_vm(call: Call) -> str:
         if str(vmid) in fw:
             fw[str(newid)] = copy.deepcopy(fw[str(vmid)])
         engine_conf = dict(newconf)
+        engine_conf["_linked"] = int(not full)  # for engines with real storage (not a PVE option)
 
     def unlock(key: int, lock: str) -> None:
         with call.mutate() as st2:
@@ -602,6 +622,8 @@ def template(call: Call) -> None:
             raise fail("you can't convert a template to a template")
         if call.engine.is_running(vmid):
             raise fail("you can't convert a CT to template if the CT is running")
+        if load_ct(call, vmid).get("snapshots"):
+            raise fail("unable to create template, because CT contains snapshots")
         root = parse_kv(str(conf.get("rootfs", "")), "volume")
         root["volume"] = re.sub(r"vm-(\d+)-disk-(\d+)$", r"base-\1-disk-\2", root.get("volume", ""))
         conf["rootfs"] = print_kv(root, default_key="volume")

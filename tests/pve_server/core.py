@@ -20,18 +20,25 @@ line as HTTP reason phrase.
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import tempfile
 import time
 import traceback
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from email.parser import BytesParser
+from email.policy import HTTP
+from pathlib import Path
 from typing import Any
 
 from .auth import AccessControl
 from .engine import Engine
 from .errors import PVEError, fail, not_implemented, param_error
 from .faults import Faults
+from .pvefw import FirewallProgrammer, render
 from .schema import Method, Schema
 from .state import State
 from .tasks import TaskManager
@@ -92,6 +99,7 @@ class Call:
                 self.state.restore(backup)
                 raise
             self.state.save()
+            self.core.after_change()
 
 
 Handler = Callable[[Call], Any]
@@ -158,9 +166,17 @@ class Core:
         self.version = version
         self.first_vmid = 100  # where /cluster/nextid starts (PVETestServer(first_vmid=...))
         self.started = time.time()
+        self.uploads: dict[str, Path] = {}  # tmpfilename (as PVE names it) -> the uploaded bytes
         with state.lock:
             for key, ct in state.cts.items():
                 engine.restore(int(key), ct["config"], ct.get("status") == "running")
+            self.after_change()
+
+    def after_change(self) -> None:
+        """After every change of the state (lock held): an engine that runs pve-firewall (the node
+        engine) gets the whole firewall recompiled; it reloads it only when the text changed."""
+        if isinstance(self.engine, FirewallProgrammer):
+            self.engine.apply_firewall(render(self.state.data, self.local_node))
 
     @property
     def local_node(self) -> str:
@@ -177,6 +193,7 @@ class Core:
         authorization: str | None,
     ) -> Response:
         path = urllib.parse.unquote(raw_path)
+        uploaded: Any = None
         try:
             if not path.startswith(API_PREFIX + "/") and path != API_PREFIX:
                 raise PVEError(501, "no such uri")
@@ -185,6 +202,7 @@ class Core:
             if injected is not None:
                 raise PVEError(injected[0], injected[1])
             params = self._params(verb, query, body, content_type)
+            uploaded = params.get("tmpfilename")
             authid = self.acl.verify_api_token(authorization)
             data, total = self._dispatch(verb, rel, params, authid)
         except PVEError as exc:
@@ -192,6 +210,8 @@ class Core:
         except Exception as exc:  # a bug in the server: say so, like PVE's 500 with the die text
             traceback.print_exc()
             return self.error_response(fail(f"internal error in PVE test server: {exc!r}"))
+        finally:
+            self._drop_upload(uploaded)
         out: dict[str, Any] = {"data": data}
         if total is not None:
             out["total"] = total
@@ -206,14 +226,52 @@ class Core:
             out["errors"] = exc.errors
         return Response(exc.status, exc.reason, json.dumps(out, ensure_ascii=False).encode())
 
-    @staticmethod
-    def _params(verb: str, query: str, body: bytes, content_type: str | None) -> dict[str, Any]:
+    def _drop_upload(self, token: Any) -> None:
+        """An upload the handler did not take is removed with its request."""
+        path = self.uploads.pop(str(token), None) if token else None
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    def _multipart(self, body: bytes, content_type: str) -> dict[str, Any]:
+        """pveproxy's upload: the file part is spooled to a temporary file; the handler gets its
+        client-side name as ``filename`` and the spool as ``tmpfilename`` (/var/tmp/pveupload-*)."""
+        message = BytesParser(policy=HTTP).parsebytes(
+            b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
+        )
+        if not message.is_multipart():
+            raise PVEError(400, "malformed multipart/form-data body")
         params: dict[str, Any] = {}
+        for part in message.iter_parts():
+            name = part.get_param("name", header="content-disposition")
+            payload = part.get_payload(decode=True)
+            data = payload if isinstance(payload, bytes) else b""
+            if not isinstance(name, str):
+                raise PVEError(400, "multipart/form-data part without a name")
+            filename = part.get_filename()
+            if filename is None:
+                params[name] = data.decode("utf-8", errors="replace")
+                continue
+            fd, spool = tempfile.mkstemp(prefix="pve-test-upload-")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            token = "/var/tmp/pveupload-" + secrets.token_hex(16)
+            self.uploads[token] = Path(spool)
+            params[name] = filename
+            params["tmpfilename"] = token
+        return params
+
+    def _params(self, verb: str, query: str, body: bytes, content_type: str | None) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        query_params = _decode_urlencoded(query)
+        if "tmpfilename" in query_params:
+            raise param_error({"tmpfilename": "only pveproxy sets this (upload a file instead)"})
         if body:
             if verb not in ("PUT", "POST"):
                 raise PVEError(501, f"Unexpected content for method '{verb}'")
             ctype = (content_type or "").split(";")[0].strip().lower()
-            if ctype == "application/json":
+            if ctype == "multipart/form-data":
+                params = self._multipart(body, content_type or "")
+            elif ctype == "application/json":
                 try:
                     decoded = json.loads(body.decode("utf-8"))
                 except ValueError as exc:
@@ -223,7 +281,9 @@ class Core:
                 params = decoded
             else:
                 params = _decode_urlencoded(body.decode("utf-8", errors="replace"))
-        params.update(_decode_urlencoded(query))
+            if ctype != "multipart/form-data" and "tmpfilename" in params:
+                raise param_error({"tmpfilename": "only pveproxy sets this (upload a file instead)"})
+        params.update(query_params)
         params.pop("_dc", None)
         return params
 

@@ -89,6 +89,10 @@ def api_config(conf: Mapping[str, Any]) -> dict[str, Any]:
     for key, val in conf.items():
         if key in INT_OPTIONS or key in BOOL_OPTIONS:
             out[key] = int(val)
+        elif key == "description" and val:
+            # PVE keeps the description as '#' comment lines of the config file and reads each
+            # line back with its newline: a description always ends in "\n".
+            out[key] = "".join(line + "\n" for line in str(val).splitlines())
         else:
             out[key] = val
     out["digest"] = config_digest(conf)

@@ -9,7 +9,8 @@ host's LXC template, reachable over SSH at the static IP of ``net0``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 CTConfig = Mapping[str, Any]
 
@@ -27,8 +28,9 @@ class Engine(Protocol):
     def restore(self, vmid: int, config: CTConfig, running: bool) -> None:
         """Re-adopt a CT recorded in a persisted state file (server restart)."""
 
-    def create(self, vmid: int, config: CTConfig) -> None:
-        """Make the container for a new CT (``POST /nodes/{node}/lxc``)."""
+    def create(self, vmid: int, config: CTConfig, ostemplate: str = "", ssh_public_keys: str = "") -> None:
+        """Make the container for a new CT (``POST /nodes/{node}/lxc``) from ``ostemplate`` (a
+        volid; engines without real storage ignore it), with root's ``ssh_public_keys``."""
 
     def clone(self, source_vmid: int, vmid: int, config: CTConfig) -> None:
         """Make the container for a clone of ``source_vmid``."""
@@ -68,3 +70,11 @@ class Engine(Protocol):
     def clone_snapshot(self, source_vmid: int, snapname: str, vmid: int, config: CTConfig) -> None:
         """Make the container for a (full) clone of ``source_vmid``'s snapshot ``snapname``: its
         files, minus what PVE's clone and the host-key hookscript renew (machine-id, host keys)."""
+
+
+@runtime_checkable
+class StorageBacked(Protocol):
+    """An engine whose node has real directory storages (the node engine): uploads go there."""
+
+    def storage_dir(self, storage: str) -> Path | None:
+        """This machine's path of a directory storage's root, or None if it has none."""

@@ -165,7 +165,7 @@ class LxcEngine:
     def restore(self, vmid: int, config: CTConfig, running: bool) -> None:
         return None
 
-    def create(self, vmid: int, config: CTConfig) -> None:
+    def create(self, vmid: int, config: CTConfig, ostemplate: str = "", ssh_public_keys: str = "") -> None:
         if self._config_path(vmid).exists():
             raise EngineError(f"LXC container {self.ct_name(vmid)} already exists")
         self._run(

@@ -30,7 +30,7 @@ class MemoryEngine:
             if running:
                 self._running.add(vmid)
 
-    def create(self, vmid: int, config: CTConfig) -> None:
+    def create(self, vmid: int, config: CTConfig, ostemplate: str = "", ssh_public_keys: str = "") -> None:
         with self._mutex:
             if vmid in self._exists:
                 raise EngineError(f"container for CT {vmid} already exists")

@@ -54,6 +54,7 @@ def empty_state(nodes: list[str]) -> dict[str, Any]:
         "volumes": {"local": [{"volid": DEFAULT_OSTEMPLATE, "content": "vztmpl", "size": 126 * 1024**2}]},
         "cts": {},
         "firewall": {},
+        "cluster_firewall": {"options": {}},
     }
 
 

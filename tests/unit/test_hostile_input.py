@@ -158,3 +158,25 @@ def test_read_exchange_refuses_a_size_line_that_is_not_a_number() -> None:
     for bad in (b"", b"-1", b"12abc", b" 1", "١٢".encode()):
         with pytest.raises(FileOperationError):
             _parse_size(bad, "/p")
+
+
+def test_sftp_replies_larger_than_the_bound_are_refused_before_they_are_read() -> None:
+    import paramiko
+
+    from sandbox_rt.limits import SFTP_MAX_PACKET
+    from sandbox_rt.ssh.wire import BoundedSFTPClient
+
+    client = object.__new__(BoundedSFTPClient)  # no channel: only the packet reader is exercised
+    asked: list[int] = []
+    wire = [(SFTP_MAX_PACKET + 1).to_bytes(4, "big")]
+
+    def read_all(n: int) -> bytes:
+        asked.append(n)
+        return wire.pop(0) if wire else b"\x65" + b"\0" * (n - 1)
+
+    client._read_all = read_all  # type: ignore[attr-defined]
+    with pytest.raises(paramiko.SFTPError, match="refused"):
+        client._read_packet()
+    assert asked == [4]  # the 4 MiB + 1 body was never read
+    wire[:] = [(5).to_bytes(4, "big")]
+    assert client._read_packet() == (0x65, b"\0" * 4)

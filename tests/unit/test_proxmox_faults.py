@@ -33,6 +33,7 @@ def server() -> Iterator[PVETestServer]:
     with PVETestServer() as srv:
         root = srv.client()
         root.pools.post(poolid="sandbox-pool")
+        root.cluster.firewall.options.put(enable=1)  # as the node play leaves it (else: FirewallDisabled)
         upid = root.nodes(NODE).lxc.post(
             vmid=TEMPLATE,
             ostemplate="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",

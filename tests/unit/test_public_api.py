@@ -14,6 +14,7 @@ EXPECTED = {
     "ExecResult",
     "ExecStream",
     "FileOperationError",
+    "FirewallDisabled",
     "GcResult",
     "HostKeyMismatch",
     "Manager",

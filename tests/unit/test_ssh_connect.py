@@ -14,9 +14,9 @@ import paramiko
 import pytest
 
 from sandbox_rt import ssh
+from sandbox_rt.errors import SandboxNotReady
 from sandbox_rt.ssh import executor as executor_module
 from sandbox_rt.ssh import wire
-from sandbox_rt.errors import SandboxNotReady
 
 
 @pytest.fixture

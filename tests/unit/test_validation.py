@@ -1,13 +1,17 @@
 import math
+from collections.abc import Callable
 
 import pytest
 
 from sandbox_rt.errors import ConfigError
 from sandbox_rt.validation import (
+    SANDBOX_ID,
+    check_egress,
     check_env,
     check_hostname,
     check_remote_path,
     check_sandbox_id,
+    check_snapshot_name,
     check_timeout,
     make_spec,
 )
@@ -74,3 +78,28 @@ def test_timeouts_and_ids_and_env() -> None:
     for bad_env in ({"1A": "x"}, {"A": "x\x00"}, {"A=B": "x"}):
         with pytest.raises(ConfigError):
             check_env(bad_env)
+
+
+@pytest.mark.parametrize(
+    ("check", "good"),
+    [
+        (check_hostname, "agent-7"),
+        (check_sandbox_id, "sbx-0123456789"),
+        (check_snapshot_name, "base_1"),
+        (lambda v: check_env({v: "x"}), "A_1"),
+        (lambda v: make_spec(host_cpus=2, labels={v: "x"}), "team/a.b"),
+        (lambda v: check_egress([v]), "example.org"),
+        (lambda v: check_egress([v]), "192.0.2.0/24"),
+    ],
+)
+def test_a_trailing_newline_is_refused_everywhere(check: Callable[[str], object], good: str) -> None:
+    check(good)  # the value itself is fine
+    for bad in (good + "\n", good + "\r\n", "\n" + good, good + "\nx"):
+        with pytest.raises(ConfigError):
+            check(bad)
+
+
+def test_the_exported_id_pattern_is_anchored_for_every_use() -> None:
+    # other modules use SANDBOX_ID.match(): it must not accept a trailing newline either
+    assert SANDBOX_ID.match("sbx-0123456789") and not SANDBOX_ID.match("sbx-0123456789\n")
+    assert not SANDBOX_ID.search("x/sbx-0123456789")

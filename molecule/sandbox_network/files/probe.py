@@ -1,7 +1,8 @@
 """Probes for verify.yml, run inside the scenario's network namespace (`ip netns exec NS python3 ...`).
 
     probe.py tcp HOST PORT      prints open, refused or timeout (1 s)
-    probe.py dns SERVER NAME    one UDP A query: prints the first address, nxdomain, refused or timeout
+    probe.py dns SERVER NAME    one UDP A query: prints the first address, nxdomain, dns-refused (the
+                                server answered REFUSED), refused (ICMP port unreachable) or timeout
 
 The namespace has no resolver and the template image has no dig or ping, so the protocols are spoken
 here with plain sockets.
@@ -44,6 +45,8 @@ def dns(server: str, name: str) -> str:
     rid, flags, _qd, ancount = struct.unpack("!HHHH", reply[:8])
     if rid != qid:
         return "bad-id"
+    if flags & 0xF == 5:
+        return "dns-refused"
     if flags & 0xF == 3 or ancount == 0:
         return "nxdomain"
     # Skip the echoed question; the first answer with a compressed name pointer (2 bytes), then

@@ -32,7 +32,42 @@ TOKEN = "runtime"
 # The least privileges the runtime's calls need: the proxmox_access role's own list (one source;
 # tests/integration/test_proxmox_least_privilege.py proves each one is needed).
 ROLE_DEFAULTS = Path(__file__).resolve().parents[3] / "roles" / "proxmox_access" / "defaults" / "main.yml"
-PRIVILEGES: list[str] = list(yaml.safe_load(ROLE_DEFAULTS.read_text())["proxmox_access_privileges"])
+_DEFAULTS = yaml.safe_load(ROLE_DEFAULTS.read_text())
+PRIVILEGES: list[str] = list(_DEFAULTS["proxmox_access_privileges"])
+# The template sits outside the pool with a read/clone-only role; "/" gets Sys.Audit (not propagated).
+TEMPLATE_ROLE = "SandboxTemplateClone"
+TEMPLATE_PRIVILEGES: list[str] = list(_DEFAULTS["proxmox_access_template_privileges"])
+AUDIT_ROLE = "SandboxRuntimeAudit"
+AUDIT_PRIVILEGES: list[str] = list(_DEFAULTS["proxmox_access_audit_privileges"])
+
+
+def grant_runtime_access(
+    root: ProxmoxAPI,
+    user: str,
+    tokenid: str,
+    bridge: str,
+    privileges: list[str],
+    *,
+    role: str = ROLE,
+    template_privileges: list[str] | None = None,
+    audit_privileges: list[str] | None = None,
+    suffix: str = "",
+) -> None:
+    """The runtime's roles and ACLs as the proxmox_access role makes them: ``role`` on the pool, the
+    storage and the bridge; a read/clone-only role on the template (outside the pool); Sys.Audit on
+    "/" itself (not propagated). For user and token (a privsep token gets the intersection)."""
+    roles = [(role, privileges), (TEMPLATE_ROLE + suffix, template_privileges or TEMPLATE_PRIVILEGES)]
+    roles.append((AUDIT_ROLE + suffix, audit_privileges or AUDIT_PRIVILEGES))
+    existing = {r["roleid"] for r in root.access.roles.get()}
+    for roleid, privs in roles:
+        if roleid not in existing:
+            root.access.roles.post(roleid=roleid, privs=",".join(privs))
+    pool_paths = (f"/pool/{POOL}", "/storage/local-lvm", f"/sdn/zones/localnetwork/{bridge}")
+    grants = [(path, role, 1) for path in pool_paths]
+    grants += [(f"/vms/{TEMPLATE_VMID}", TEMPLATE_ROLE + suffix, 0), ("/", AUDIT_ROLE + suffix, 0)]
+    for path, roleid, propagate in grants:
+        root.access.acl.put(path=path, roles=roleid, users=user, propagate=propagate)
+        root.access.acl.put(path=path, roles=roleid, tokens=tokenid, propagate=propagate)
 
 
 def _wait(api: ProxmoxAPI, upid: str) -> None:
@@ -61,20 +96,17 @@ def pve_test_server(base: Settings, state_dir: Path) -> Iterator[tuple[Settings,
     try:
         root = srv.client()
         root.pools.post(poolid=POOL)
-        root.access.roles.post(roleid=ROLE, privs=",".join(PRIVILEGES))
         root.access.users.post(userid=USER)
         token = root.access.users(USER).token(TOKEN).post(privsep=1)
-        for path in (f"/pool/{POOL}", "/storage/local-lvm", f"/sdn/zones/localnetwork/{base.bridge}"):
-            root.access.acl.put(path=path, roles=ROLE, users=USER)
-            root.access.acl.put(path=path, roles=ROLE, tokens=f"{USER}!{TOKEN}")
+        grant_runtime_access(root, USER, f"{USER}!{TOKEN}", base.bridge, PRIVILEGES)
+        root.cluster.firewall.options.put(enable=1)  # else no CT firewall applies (the runtime refuses)
         made.append(TEMPLATE_VMID)
         _wait(
             root,
-            root.nodes(NODE).lxc.post(
+            root.nodes(NODE).lxc.post(  # outside the pool: the token must not be able to change it
                 vmid=TEMPLATE_VMID,
                 ostemplate="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
                 storage="local-lvm",
-                pool=POOL,
                 unprivileged=1,
                 swap=0,
                 net0=f"name=eth0,bridge={base.bridge},ip=dhcp",

@@ -13,7 +13,17 @@ from sandbox_rt import BackendError, Manager, PermissionDenied
 from tests.pve_server import PVETestServer
 
 from .conftest import SESSION_LABEL
-from .pve_env import NODE, POOL, PRIVILEGES, ROLE, TEMPLATE_VMID, create_markers, world
+from .pve_env import (
+    NODE,
+    POOL,
+    PRIVILEGES,
+    ROLE,
+    TEMPLATE_PRIVILEGES,
+    TEMPLATE_VMID,
+    create_markers,
+    grant_runtime_access,
+    world,
+)
 
 
 def _cts(srv: PVETestServer) -> set[int]:
@@ -66,11 +76,18 @@ def test_missing_privilege_is_a_clear_permission_error(
     root = srv.client()
     role = f"Limited{missing.replace('.', '')}"
     user = f"limited-{missing.replace('.', '').lower()}@pve"
-    root.access.roles.post(roleid=role, privs=",".join(p for p in PRIVILEGES if p != missing))
     root.access.users.post(userid=user)
     secret = root.access.users(user).token("tok").post(privsep=0)["value"]
-    for path in (f"/pool/{POOL}", "/storage/local-lvm", "/sdn/zones/localnetwork/vmbr1"):
-        root.access.acl.put(path=path, roles=role, users=user)
+    grant_runtime_access(  # as proxmox_access does, without one privilege (on the pool and the template)
+        root,
+        user,
+        f"{user}!tok",
+        "vmbr1",
+        [p for p in PRIVILEGES if p != missing],
+        role=role,
+        template_privileges=[p for p in TEMPLATE_PRIVILEGES if p != missing],
+        suffix=role,
+    )
     settings = dataclasses.replace(pve_manager.settings, pve_token_id=f"{user}!tok", pve_token_secret=secret)
     limited = Manager(settings, ssh_key=pve_manager.settings.ssh_key)
     before = _cts(srv)

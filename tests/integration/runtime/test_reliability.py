@@ -19,6 +19,7 @@ import pytest
 
 import sandbox_rt
 from sandbox_rt import BackendError, Manager, SandboxNotReady, Settings
+from sandbox_rt.egress_dns import bound_ports
 from sandbox_rt.netstate import NetState
 from sandbox_rt.network import NftInternetSet
 
@@ -45,7 +46,15 @@ def _no_leaks(mgr: Manager, label: dict[str, str], ips: set[str]) -> None:
         if ln.startswith("lxc.net.0.ipv4.address")
     }
     assert not (used & ips)  # every address went back to the pool
-    assert not [n for n in NetState(s).all() if n.ip in ips]  # no network state file left
+    state = NetState(s)
+    assert not [n for n in state.all() if n.ip in ips]  # no network state file left
+    # no egress resolver (config, pid file, bound port) without its sandbox's state; read in the
+    # order a concurrent create writes them (state first, resolver after), so no false alarm
+    resolvers = set(state.resolvers.leftovers(set()))
+    ports = bound_ports(s.dns_server) & set(range(s.egress_dns_port_min, s.egress_dns_port_max + 1))
+    recorded = state.all()
+    assert resolvers <= {n.sandbox_id for n in recorded}, resolvers
+    assert ports <= {n.dns_port for n in recorded}, ports
 
 
 def test_50_creates_from_8_threads(lxc_manager: Manager) -> None:
@@ -55,7 +64,13 @@ def test_50_creates_from_8_threads(lxc_manager: Manager) -> None:
     try:
         with concurrent.futures.ThreadPoolExecutor(8) as ex:
             futures = [
-                ex.submit(lxc_manager.create, memory_mb=128, internet=i % 2 == 0, labels=label)
+                ex.submit(
+                    lxc_manager.create,
+                    memory_mb=128,
+                    internet=i % 2 == 0,
+                    egress=["example.test"] if i % 3 == 0 else None,  # 17 own resolvers
+                    labels=label,
+                )
                 for i in range(50)
             ]
             for f in futures:

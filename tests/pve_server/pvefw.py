@@ -1,0 +1,164 @@
+"""pve-firewall, emulated for the node engine: the datacenter switch, each CT's options and rules
+compiled into one nftables table in the emulated node, replaced atomically on every change.
+
+PVE's semantics that the runtime relies on, and nothing more:
+
+* nothing is filtered while the **datacenter** firewall is off (``/cluster/firewall/options``
+  ``enable`` is 0, PVE's default): a CT's own firewall then does nothing at all;
+* a CT is filtered when its firewall ``options`` have ``enable=1`` and its ``net0`` has
+  ``firewall=1``; then established/related traffic passes, invalid is dropped, its enabled rules
+  are evaluated in order (first match: ``ACCEPT``/``DROP``/``REJECT``), then its policy
+  (``policy_in`` default ``DROP``, ``policy_out`` default ``ACCEPT``);
+* OUT rules see everything the CT sends (to the node itself too), IN rules what is sent to it;
+* ``ipfilter``: a filtered CT sends only from its configured address (here always enforced at the
+  CT's bridge port, so the address identifies the CT in the routed hooks).
+
+Real pve-firewall binds guest rules to the guest's interfaces (iptables physdev or the
+``proxmox-firewall`` bridge tables); this emulation matches the CT's static address in the inet
+hooks and pins the address to the port in the bridge family, which is equivalent for CTs with a
+static ``ip=`` and ``ipfilter``. CTs without a static IPv4 address are not filtered (none of ours).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from .ctconfig import parse_kv
+
+TABLE = "pve-firewall-emu"
+_VERDICT = {"ACCEPT": "accept", "DROP": "drop", "REJECT": "reject"}
+
+
+@runtime_checkable
+class FirewallProgrammer(Protocol):
+    """An engine that runs the firewall (only the node engine does)."""
+
+    def apply_firewall(self, text: str) -> None: ...
+
+
+def _ports(spec: str) -> str:
+    """PVE's ``80,443`` / ``1000:2000`` port lists as an nft set expression."""
+    items = [p.strip().replace(":", "-") for p in str(spec).split(",") if p.strip()]
+    return items[0] if len(items) == 1 else "{ " + ", ".join(items) + " }"
+
+
+def _address(spec: str) -> str:
+    items = [str(ipaddress.ip_network(a.strip(), strict=False)) for a in str(spec).split(",") if a.strip()]
+    items = [i.removesuffix("/32") for i in items]
+    return items[0] if len(items) == 1 else "{ " + ", ".join(items) + " }"
+
+
+def rule_line(rule: Mapping[str, Any]) -> str | None:
+    """One PVE rule as an nft rule (None when disabled or not representable)."""
+    if not int(rule.get("enable", 0)) or rule.get("macro") or rule.get("type") not in ("in", "out"):
+        return None
+    parts: list[str] = []
+    if rule.get("source"):
+        parts.append(f"ip saddr {_address(rule['source'])}")
+    if rule.get("dest"):
+        parts.append(f"ip daddr {_address(rule['dest'])}")
+    proto = str(rule.get("proto", "")).lower()
+    if proto in ("tcp", "udp"):
+        parts.append(f"meta l4proto {proto}")
+        if rule.get("sport"):
+            parts.append(f"th sport {_ports(rule['sport'])}")
+        if rule.get("dport"):
+            parts.append(f"th dport {_ports(rule['dport'])}")
+    elif proto in ("icmp",):
+        parts.append("meta l4proto icmp")
+    elif proto:
+        return None
+    verdict = _VERDICT.get(str(rule.get("action")))
+    if verdict is None:
+        return None
+    return " ".join([*parts, "counter", verdict])
+
+
+def _static_ip(config: Mapping[str, Any]) -> tuple[str, str] | None:
+    net = parse_kv(str(config.get("net0", "")))
+    if str(net.get("firewall", "0")) not in ("1", "on", "yes", "true"):
+        return None
+    ip = net.get("ip", "")
+    if "/" not in ip:
+        return None
+    return ip.split("/")[0], net.get("hwaddr", "").lower()
+
+
+def guests(state: Mapping[str, Any], node: str) -> list[tuple[int, str, str, Mapping[str, Any]]]:
+    """(vmid, ip, mac, firewall config) of every CT on ``node`` whose firewall is on."""
+    out = []
+    for key, ct in sorted(state.get("cts", {}).items(), key=lambda kv: int(kv[0])):
+        if ct.get("node") != node or ct["config"].get("template"):
+            continue
+        fw = state.get("firewall", {}).get(key) or {}
+        if not int((fw.get("options") or {}).get("enable", 0)):
+            continue
+        found = _static_ip(ct["config"])
+        if found:
+            out.append((int(key), found[0], found[1], fw))
+    return out
+
+
+def render(state: Mapping[str, Any], node: str) -> str:
+    """The whole emulated firewall of ``node`` as one ``nft -f`` transaction."""
+    head = [
+        f"table inet {TABLE}",
+        f"delete table inet {TABLE}",
+        f"table bridge {TABLE}",
+        f"delete table bridge {TABLE}",
+    ]
+    cluster = (state.get("cluster_firewall") or {}).get("options") or {}
+    if not int(cluster.get("enable", 0)):
+        # Datacenter firewall off: PVE filters no guest at all. Leave empty tables behind.
+        return "\n".join([*head, f"table inet {TABLE} {{\n}}", f"table bridge {TABLE} {{\n}}", ""])
+    inet: list[str] = []
+    jumps_out: list[str] = []
+    jumps_in: list[str] = []
+    bridge: list[str] = []
+    for vmid, ip, mac, fw in guests(state, node):
+        opts = fw.get("options") or {}
+        for direction, policy_key, default in (("out", "policy_out", "ACCEPT"), ("in", "policy_in", "DROP")):
+            chain = [f"\tchain ct{vmid}-{direction} {{"]
+            for rule in fw.get("rules") or []:
+                if rule.get("type") == direction:
+                    line = rule_line(rule)
+                    if line:
+                        chain.append(f"\t\t{line}")
+            policy = _VERDICT.get(str(opts.get(policy_key, default)), "drop")
+            chain += [f"\t\tcounter {policy}", "\t}"]
+            inet += chain
+        jumps_out.append(f"\t\tip saddr {ip} jump ct{vmid}-out")
+        jumps_in.append(f"\t\tip daddr {ip} jump ct{vmid}-in")
+        port = f"veth{vmid}i0"
+        # ipfilter / macfilter at the CT's port: it can only send as itself
+        bridge.append(f'\t\tiifname "{port}" ether type ip ip saddr != {ip} counter drop')
+        if mac:
+            bridge.append(f'\t\tiifname "{port}" ether saddr != {mac} counter drop')
+
+    def base(name: str, hook: str, jumps: list[str]) -> list[str]:
+        return [
+            f"\tchain {name} {{",
+            f"\t\ttype filter hook {hook} priority filter - 5; policy accept;",
+            "\t\tct state established,related accept",
+            "\t\tct state invalid counter drop",
+            *jumps,
+            "\t}",
+        ]
+
+    body = [f"table inet {TABLE} {{", *inet]
+    body += base("forward", "forward", jumps_out + jumps_in)
+    body += base("input", "input", jumps_out)
+    body += base("output", "output", jumps_in)
+    body += [
+        "}",
+        f"table bridge {TABLE} {{",
+        "\tchain prerouting {",
+        "\t\ttype filter hook prerouting priority filter; policy accept;",
+        *bridge,
+        "\t}",
+        "}",
+        "",
+    ]
+    return "\n".join([*head, *body])
