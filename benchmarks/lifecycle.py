@@ -142,7 +142,7 @@ def run(b: Bench) -> dict[str, Any]:
     comparisons = [
         compare(measures, "create_ssh_ready", "raw_create_port22"),
         compare(measures, "create_first_exec", "raw_create_first_ssh"),
-        compare(measures, "create_ssh_ready", "create_ssh_ready_shared_ids"),
+        compare(measures, "create_ssh_ready", "create_ssh_ready_shared_ids", against="variant"),
         compare(measures, "warm_pool_acquire", "raw_create_port22"),
         compare(measures, "exec_true", "raw_openssh_controlmaster"),
         compare(measures, "exec_true", "raw_lxc_attach"),

@@ -38,12 +38,18 @@ def throughput(entry: dict[str, Any], megabytes: float) -> dict[str, Any]:
     return entry
 
 
-def compare(measures: Measures, measure: str, baseline: str, kind: str = "time") -> dict[str, Any]:
+def compare(
+    measures: Measures, measure: str, baseline: str, kind: str = "time", *, against: str = "raw"
+) -> dict[str, Any]:
     """One comparison of two measured medians.
 
     ``time``: ratio = ours / baseline of the median durations (above 1 = slower than the baseline),
     ``diff_ms`` = ours - baseline. ``throughput``: ratio = ours / baseline of MB/s (above 1 = faster).
+    ``against``: ``raw`` (the raw engine or tool) or ``variant`` (the runtime with an option turned
+    off, to show what the option costs).
     """
+    if against not in ("raw", "variant"):
+        raise ValueError(f"unknown baseline kind {against!r}")
     ours, base = measures[measure], measures[baseline]
     if kind == "throughput":
         ratio = ours["mb_per_s"] / base["mb_per_s"]
@@ -55,6 +61,7 @@ def compare(measures: Measures, measure: str, baseline: str, kind: str = "time")
         "measure": measure,
         "baseline": baseline,
         "kind": kind,
+        "against": against,
         "ratio": ratio,
         "diff_ms": ours["median_ms"] - base["median_ms"],
     }

@@ -124,7 +124,10 @@ def test_ratios_are_the_quotients_of_the_two_medians(run: dict[str, Any]) -> Non
                 expected = ours["median_ms"] / base["median_ms"]
             assert _close(c["ratio"], expected), (name, c)
             assert _close(c["diff_ms"], ours["median_ms"] - base["median_ms"]), (name, c)
-            if name != "pve":
+            if c["against"] == "variant":  # an option's cost: the runtime against itself without it
+                assert base["raw"] is False and ours["raw"] is False, (name, c)
+            elif name != "pve":
+                assert c["against"] == "raw", (name, c)
                 assert base["raw"] is True and ours["raw"] is False, (name, c)
             assert f"{c['ratio']:.2f}x" in run["stdout"], c
             seen += 1
