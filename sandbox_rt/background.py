@@ -1,12 +1,24 @@
-"""Background processes in a sandbox: start, wait, kill, read logs incrementally.
+"""Background processes in a sandbox: start, list, reattach, stdin, wait, kill, read logs incrementally.
 
-A background command runs in its own session (``setsid``), detached from the SSH channel
-(stdin ``/dev/null``, stdout/stderr to files), so it survives the channel and the caller's
-connection. Its state lives in ``~/.sandbox_rt/bg/<handle>.{pid,out,err,rc}`` inside the sandbox.
+A background command runs in its own session (``setsid``), detached from the SSH channel, so it
+survives the channel and the caller's connection. Its state lives in
+``~/.sandbox_rt/bg/<handle>.*`` inside the sandbox:
+
+- ``pid`` (the session leader = process group), ``rc`` (exit status, once it ended), ``cmd``;
+- ``out`` / ``err``: what it printed (``logs()`` reads what is new, bounded like any exec output);
+- ``in``: a FIFO that is its stdin. A holder process (pid in ``hold``) keeps a writer open, so the
+  command sees no EOF until ``close_stdin()`` (or the command's end) stops the holder; ``send_stdin``
+  writes into the FIFO.
+
+Everything read back (pids, statuses, handles, command texts) comes from the sandbox and is parsed
+strictly and bounded: this module never trusts it.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 import secrets
 import shlex
 import signal as _signal
@@ -15,18 +27,28 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from .errors import CommandTimeout, ConfigError, SandboxError
-from .models import ExecResult
+from .models import ExecResult, ProcessInfo
 
-__all__ = ["BackgroundProcess", "CommandRunner"]
+__all__ = ["BackgroundProcess", "CommandRunner", "list_processes"]
 
 BG_DIR = "$HOME/.sandbox_rt/bg"
 _MAX_NUMBER_DIGITS = 10  # pids and exit codes the sandbox reports are read as at most this many digits
+_HANDLE = re.compile(r"[0-9a-f]{16}")
+_LIST_MAX = 1000  # processes list() reports at most
+_CMD_SHOWN = 1024  # bytes of a command's text list() reports
 
 
 class CommandRunner(Protocol):
     """What a background process needs of its sandbox: run a command and wait (``Sandbox``)."""
 
-    def exec(self, command: str, *, timeout: float | None = None) -> ExecResult: ...
+    def exec(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        max_output: int = ...,
+    ) -> ExecResult: ...
 
 
 def _small_int(text: str) -> int | None:
@@ -35,6 +57,12 @@ def _small_int(text: str) -> int | None:
     if not digits.isascii() or not digits.isdigit() or len(digits) > _MAX_NUMBER_DIGITS:
         return None
     return int(text)
+
+
+def _check_pid(pid: object) -> int:
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 1 < pid < 1 << 22:
+        raise ConfigError(f"pid={pid!r} is not a process id")
+    return pid
 
 
 class BackgroundProcess:
@@ -53,19 +81,24 @@ class BackgroundProcess:
     ) -> BackgroundProcess:
         handle = secrets.token_hex(8)
         base = f"{BG_DIR}/{handle}"
-        # the session leader runs the command, then records its exit status atomically
-        # the session leader records its own pid (= process group), runs the command, then
-        # records its exit status atomically
+        # the session leader records its own pid (= process group), runs the command, records its
+        # exit status atomically, then ends the stdin holder (waiting a moment for its pid file)
         runner = (
             f'echo $$ > {base}.pid.tmp && mv {base}.pid.tmp {base}.pid; /bin/bash -c "$0"; '
-            f"echo $? > {base}.rc.tmp && mv {base}.rc.tmp {base}.rc"
+            f"echo $? > {base}.rc.tmp && mv {base}.rc.tmp {base}.rc; "
+            f"for i in $(seq 100); do [ -e {base}.hold ] && break; sleep 0.01; done; "
+            f'kill "$(cat {base}.hold 2>/dev/null)" 2>/dev/null; true'
         )
+        holder = f"echo $$ > {base}.hold.tmp && mv {base}.hold.tmp {base}.hold; exec sleep infinity"
         env_words = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
         cd = f"cd -- {shlex.quote(cwd)} || exit 1; " if cwd else ""
         script = (
             f"mkdir -p -m 700 {BG_DIR} || exit 1; {cd}"
+            f"mkfifo -m 600 {base}.in || exit 1; printf %s {shlex.quote(command)} > {base}.cmd; "
+            # opening the FIFO blocks each side until the other opens it: both start in the background
+            f"setsid /bin/sh -c {shlex.quote(holder)} > {base}.in & "
             f"env {env_words} setsid /bin/bash -c {shlex.quote(runner)} {shlex.quote(command)} "
-            f"</dev/null >{base}.out 2>{base}.err & "
+            f"<{base}.in >{base}.out 2>{base}.err & "
             f"for i in $(seq 200); do [ -e {base}.pid ] && break; sleep 0.01; done; cat {base}.pid"
         )
         r = sandbox.exec(script, timeout=30)
@@ -75,12 +108,28 @@ class BackgroundProcess:
             raise SandboxError(f"could not start {command!r} in the background: {why}")
         return cls(sandbox, handle, pid, command)
 
+    @classmethod
+    def connect(cls, sandbox: CommandRunner, pid: int) -> BackgroundProcess:
+        """The background command whose process group is ``pid`` (started by any process)."""
+        pid = _check_pid(pid)
+        r = sandbox.exec(
+            f"cd {BG_DIR} 2>/dev/null || exit 3; for f in *.pid; do "
+            f'[ "$(cat "$f" 2>/dev/null)" = {pid} ] && {{ h=${{f%.pid}}; echo "$h"; '
+            f'head -c {_CMD_SHOWN} "$h.cmd" 2>/dev/null | base64 -w0; exit 0; }}; done; exit 3',
+            timeout=30,
+            max_output=1 << 16,
+        )
+        lines = r.text.splitlines()
+        if r.exit_code != 0 or not lines or not _HANDLE.fullmatch(lines[0]):
+            raise SandboxError(f"no background command with pid {pid} in this sandbox")
+        return cls(sandbox, lines[0], pid, _b64_text(lines[1] if len(lines) > 1 else ""))
+
     def _path(self, kind: str) -> str:
         return f"{BG_DIR}/{self.handle}.{kind}"
 
     def exit_code(self) -> int | None:
         """The exit status once the command ended, None while it runs."""
-        r = self.sandbox.exec(f"cat {self._path('rc')} 2>/dev/null", timeout=30)
+        r = self.sandbox.exec(f"cat {self._path('rc')} 2>/dev/null", timeout=30, max_output=64)
         return _small_int(r.text.strip())
 
     def is_running(self) -> bool:
@@ -102,6 +151,7 @@ class BackgroundProcess:
                 f"for i in $(seq {slices}); do [ -e {rc_path} ] && break; sleep 0.05; done; "
                 f"cat {rc_path} 2>/dev/null",
                 timeout=left + 10,
+                max_output=64,
             )
             code = _small_int(r.text.strip())
             if code is not None:
@@ -109,6 +159,37 @@ class BackgroundProcess:
             if deadline is not None and time.monotonic() >= deadline:
                 out, err = self.logs()
                 raise CommandTimeout(self.command, timeout or 0.0, out, err)
+
+    def send_stdin(self, data: bytes | str, *, timeout: float = 30.0) -> None:
+        """Write ``data`` to the command's stdin (it reads it as it likes; a command that does not
+        read blocks the write once the pipe is full, up to ``timeout``)."""
+        if not isinstance(data, bytes | str):
+            raise ConfigError(f"data must be bytes or str, not {type(data).__name__}")
+        fifo, hold = self._path("in"), self._path("hold")
+        r = self.sandbox.exec(
+            f"[ -p {fifo} ] || exit 5; [ -e {self._path('rc')} ] && exit 4; "
+            f'kill -0 "$(cat {hold} 2>/dev/null)" 2>/dev/null || exit 3; '
+            f"exec timeout {max(1, int(timeout))} cat > {fifo}",
+            timeout=timeout + 10,
+            stdin=data,
+            max_output=4096,
+        )
+        why = {
+            3: "its stdin was closed",
+            4: "it has ended",
+            5: "it has no stdin pipe (started by an older runtime)",
+        }
+        if r.exit_code in why:
+            raise SandboxError(f"cannot write to the stdin of {self.command!r}: {why[r.exit_code]}")
+        if r.exit_code != 0:
+            raise SandboxError(f"writing to the stdin of {self.command!r} failed (exit {r.exit_code})")
+
+    def close_stdin(self) -> None:
+        """End the command's input: it reads EOF once it has read what was sent. Idempotent."""
+        hold = self._path("hold")
+        self.sandbox.exec(
+            f'kill "$(cat {hold} 2>/dev/null)" 2>/dev/null; rm -f {hold}; true', timeout=30, max_output=64
+        )
 
     def kill(self, sig: int = _signal.SIGKILL) -> None:
         """Send ``sig`` to the command's whole process group."""
@@ -118,8 +199,11 @@ class BackgroundProcess:
         self.sandbox.exec(
             f"kill -{n} -- -{self.pid} 2>/dev/null; "
             f"for i in $(seq 40); do kill -0 {self.pid} 2>/dev/null || break; sleep 0.05; done; "
-            f"kill -0 {self.pid} 2>/dev/null || [ -e {rc} ] || echo {128 + n} > {rc}; true",
+            f"kill -0 {self.pid} 2>/dev/null || [ -e {rc} ] || echo {128 + n} > {rc}; "
+            f"kill -0 {self.pid} 2>/dev/null || "
+            f'kill "$(cat {self._path("hold")} 2>/dev/null)" 2>/dev/null; true',
             timeout=30,
+            max_output=64,
         )
 
     def logs(self) -> tuple[bytes, bytes]:
@@ -134,3 +218,37 @@ class BackgroundProcess:
 
     def __repr__(self) -> str:
         return f"<BackgroundProcess {self.handle} pid={self.pid} {self.command!r}>"
+
+
+def _b64_text(text: str) -> str:
+    try:
+        return base64.b64decode(text, validate=True)[:_CMD_SHOWN].decode("utf-8", "replace")
+    except (binascii.Error, ValueError):
+        return ""
+
+
+def list_processes(sandbox: CommandRunner) -> list[ProcessInfo]:
+    """The sandbox's background commands (running and ended), newest first by pid file time."""
+    r = sandbox.exec(
+        f"cd {BG_DIR} 2>/dev/null || exit 0; ls -t -- *.pid 2>/dev/null | head -n {_LIST_MAX} | "
+        'while read -r f; do h=${f%.pid}; p=$(head -c 12 "$f"); rc=$(head -c 12 "$h.rc" 2>/dev/null); '
+        'kill -0 "$p" 2>/dev/null && up=1 || up=0; '
+        'printf "%s %s %s %s %s\\n" "$h" "$p" "$up" "${rc:--}" '
+        f'"$(head -c {_CMD_SHOWN} "$h.cmd" 2>/dev/null | base64 -w0)"; done',
+        timeout=60,
+        max_output=4 << 20,
+    )
+    out: list[ProcessInfo] = []
+    for line in r.text.splitlines()[:_LIST_MAX]:
+        words = line.split(" ")
+        if len(words) != 5 or not _HANDLE.fullmatch(words[0]):
+            continue
+        pid = _small_int(words[1].strip())
+        rc = None if words[3] == "-" else _small_int(words[3].strip())
+        if pid is None or pid < 2 or words[2] not in ("0", "1"):
+            continue
+        running = words[2] == "1" and rc is None
+        out.append(
+            ProcessInfo(pid=pid, handle=words[0], command=_b64_text(words[4]), running=running, exit_code=rc)
+        )
+    return out

@@ -79,6 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--timeout", type=_positive_float)
     ex.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD")
 
+    sh = sub.add_parser("shell", help="an interactive shell in a sandbox, in this terminal")
+    sh.add_argument("id")
+    sh.add_argument("--command", help="run this instead of the login shell")
+
     sn = sub.add_parser("snapshot", help="save a sandbox's files as a named snapshot (to fork)")
     sn.add_argument("id")
     sn.add_argument("name")
@@ -233,6 +237,16 @@ class _Cli:
             sb = mgr.attach(a.id)
             try:
                 return self._stream(sb, words, a.timeout)
+            finally:
+                sb.close()
+        if a.cmd == "shell":
+            from .terminal import attach_terminal, local_size
+
+            sb = mgr.attach(a.id)
+            try:
+                cols, rows = local_size()
+                with sb.pty(cols, rows, command=a.command) as term:
+                    return attach_terminal(term)
             finally:
                 sb.close()
         if a.cmd == "snapshot":

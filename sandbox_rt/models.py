@@ -6,8 +6,10 @@ import dataclasses
 from typing import Literal
 
 __all__ = [
+    "EntryInfo",
     "ExecResult",
     "OutputChunk",
+    "ProcessInfo",
     "ResourceUsage",
     "SandboxRecord",
     "SandboxSpec",
@@ -134,3 +136,34 @@ class SnapshotInfo:
     created_at: float
     backend: str
     size_bytes: int | None = None  # LXC: bytes of the saved delta; PVE: not reported
+
+
+EntryType = Literal["file", "dir", "symlink", "other"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryInfo:
+    """A file system entry in a sandbox, as ``sb.files.list`` and ``sb.files.stat`` report it.
+
+    Every field comes from the sandbox and was checked on the host: ``name`` is one path component,
+    ``path`` is the listed directory joined with it, sizes and times are plain numbers.
+    """
+
+    name: str
+    path: str
+    type: EntryType
+    size: int
+    mode: int  # permission bits (0o7777)
+    mtime: float
+    symlink_target: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessInfo:
+    """A background command of a sandbox (``sb.commands.list()``)."""
+
+    pid: int
+    handle: str
+    command: str
+    running: bool
+    exit_code: int | None

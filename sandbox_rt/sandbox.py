@@ -15,11 +15,14 @@ from typing import TYPE_CHECKING, Literal, overload
 
 from .backends.base import snapshot_backend
 from .background import BackgroundProcess
+from .commands import Commands
 from .download import download_file, download_tree
 from .errors import ConfigError, ExecError, FileOperationError, SandboxError
+from .files import Files
 from .forward import PortForward
 from .limits import DEFAULT_DOWNLOAD_MAX_BYTES, DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
 from .models import ExecResult, OutputChunk, SandboxRecord, SandboxStatus, SnapshotInfo
+from .pty import Pty
 from .ssh import RawResult, SSHExecutor
 from .validation import (
     check_egress,
@@ -102,6 +105,12 @@ class Sandbox:
         self._destroyed = False
         self._lock = threading.Lock()
         self._forwards: list[PortForward] = []
+        self.files = Files(self, executor, self._check_alive)
+        """File operations: ``list``, ``stat``, ``exists``, ``remove``, ``mkdir``, ``rename``,
+        ``read``, ``write``, ``upload``, ``download`` (see :class:`~sandbox_rt.files.Files`)."""
+        self.commands = Commands(self)
+        """Commands: ``run``, ``stream``, and background processes: ``list``, ``connect(pid)``,
+        ``send_stdin``, ``close_stdin``, ``kill`` (see :class:`~sandbox_rt.commands.Commands`)."""
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -232,6 +241,14 @@ class Sandbox:
             raise ConfigError(f"stdin must be bytes or str, not {type(stdin).__name__}")
         data = stdin.encode() if isinstance(stdin, str) else stdin
         return text, t, cwd, check_env(env), data
+
+    def pty(
+        self, cols: int = 80, rows: int = 24, *, command: str | None = None, term: str = "xterm-256color"
+    ) -> Pty:
+        """An interactive terminal running the sandbox user's login shell (or ``command``): write
+        keys, read output, resize; close it when done (``with sb.pty() as t: ...``)."""
+        self._check_alive()
+        return Pty(self._ssh, cols=cols, rows=rows, command=command, term=term)
 
     # -- files -----------------------------------------------------------------------------------
     def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:

@@ -11,7 +11,7 @@ if [[ $EUID -ne 0 ]]; then
   exit 1
 fi
 
-apt_packages=(python3 python3-venv python3-dev gcc ca-certificates git)
+apt_packages=(python3 python3-venv python3-dev gcc ca-certificates git tmux)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -304,6 +304,35 @@ class SSHExecutor:
             time.sleep(0.05 * (attempt + 1))  # back-off before asking sshd again
         raise AssertionError("unreachable")
 
+    def open_pty(self, command: str | None, *, cols: int, rows: int, term: str) -> paramiko.Channel:
+        """A channel with a pseudo-terminal running ``command`` (the login shell if None); the
+        caller owns it (close it). It takes one of the parallel-channel slots until closed."""
+        if not self._channels.acquire(timeout=self._connect_timeout):
+            raise ConnectionLost(f"{self.host}: all {MAX_PARALLEL_CHANNELS} channels are busy")
+        try:
+            chan = self._transport().open_session(timeout=self._connect_timeout)
+            try:
+                chan.get_pty(term=term, width=cols, height=rows)
+                if command is None:
+                    chan.invoke_shell()
+                else:
+                    chan.exec_command(command)
+            except BaseException:
+                wire.close_quietly(chan)
+                raise
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self._channels.release()
+            self._drop_broken()
+            raise ConnectionLost(f"cannot open a terminal on {self.host}: {exc}") from exc
+        except BaseException:
+            self._channels.release()
+            raise
+        return chan
+
+    def release_channel(self) -> None:
+        """Give back the slot a closed :meth:`open_pty` channel held."""
+        self._channels.release()
+
     def _pump(self, chan: paramiko.Channel, demux: Demux, command: str, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not demux.done:
@@ -482,14 +511,42 @@ class SSHExecutor:
             finally:
                 wire.close_quietly(chan)
 
-    def stat(self, path: str) -> paramiko.SFTPAttributes | None:
+    def stat(self, path: str, *, follow_symlinks: bool = True) -> paramiko.SFTPAttributes | None:
+        """The entry's attributes (None if there is none); ``follow_symlinks=False``: the link itself."""
         try:
             with self._sftp_client("stat", path) as sftp:
-                return sftp.stat(path)
+                return sftp.stat(path) if follow_symlinks else sftp.lstat(path)
         except FileOperationError as exc:
             if exc.errno == errno.ENOENT:
                 return None
             raise
+
+    def readlink(self, path: str) -> str | None:
+        """A symlink's target as the sandbox says it (bounded to 4 KiB; None if unreadable)."""
+        with self._sftp_client("readlink", path) as sftp:
+            target = sftp.readlink(path)
+        if target is None or len(target) > 4096 or "\x00" in target:
+            return None
+        return target
+
+    def remove(self, path: str) -> None:
+        """Remove a file or symlink (not a directory)."""
+        with self._sftp_client("remove", path) as sftp:
+            sftp.remove(path)
+
+    def rmdir(self, path: str) -> None:
+        """Remove an empty directory."""
+        with self._sftp_client("rmdir", path) as sftp:
+            sftp.rmdir(path)
+
+    def mkdir(self, path: str, mode: int = 0o755) -> None:
+        with self._sftp_client("mkdir", path) as sftp:
+            sftp.mkdir(path, mode)
+
+    def rename(self, src: str, dst: str) -> None:
+        """Move ``src`` to ``dst``, replacing a file there (POSIX rename semantics)."""
+        with self._sftp_client("rename", src) as sftp:
+            sftp.posix_rename(src, dst)
 
     def makedirs(self, path: str) -> None:
         with self._sftp_client("mkdir", path) as sftp:

@@ -33,6 +33,7 @@ __all__ = [
     "WindowViolation",
     "close_quietly",
     "make_transport",
+    "send_data",
     "send_eof",
     "send_input",
     "tcp_connect",
@@ -164,7 +165,7 @@ class BoundedSFTPClient(paramiko.SFTPClient):
 # -- sending: never after the channel closed -----------------------------------------------------
 def send_input(chan: paramiko.Channel, stdin: bytes | None) -> None:
     """Send ``stdin`` then EOF; a command that ended without reading its input is not an error."""
-    if stdin and not _send_data(chan, stdin):
+    if stdin and not send_data(chan, stdin):
         return  # the command exited and sshd closed the channel: nothing left to send
     send_eof(chan)
 
@@ -221,7 +222,7 @@ def _eof_message(chan: paramiko.Channel) -> paramiko.Message | None:
     return message
 
 
-def _send_data(chan: paramiko.Channel, data: bytes) -> bool:
+def send_data(chan: paramiko.Channel, data: bytes) -> bool:
     """``chan.sendall(data)`` that never sends after the channel closed; False if it closed first.
 
     Only this thread sends on the channel, so the window it waited for can only grow until the

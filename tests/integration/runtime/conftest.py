@@ -8,6 +8,8 @@ Tests that are about one engine's own mechanics use ``lxc_manager``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -41,6 +43,14 @@ def settings() -> Settings:
             pytrace=False,
         )
     return s
+
+
+def settings_environ(settings: Settings) -> dict[str, str]:
+    """These settings as SANDBOX_RT_* variables (what Manager.from_env() reads in another process)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_RT_")}
+    for field in dataclasses.fields(settings):
+        env[f"SANDBOX_RT_{field.name.upper()}"] = str(getattr(settings, field.name))
+    return env
 
 
 def _sweep(mgr: Manager) -> None:

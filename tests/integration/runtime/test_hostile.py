@@ -307,3 +307,17 @@ def _hostname_through_links(lxc_manager: Manager, sb: sandbox_rt.Sandbox) -> Non
     new = lxc_manager.backend.update(sb.record, renamed)
     assert new.hostname == "renamed"
     assert sb.exec("cat /etc/hostname; hostname").text.split() == ["renamed", "renamed"]
+
+
+def test_files_list_checks_every_name_and_bounds_the_count(hostile: Sandbox) -> None:
+    for kind in ("traversal-x", "absolute-x", "slash", "nul", "long"):
+        with pytest.raises(FileOperationError) as caught:
+            hostile.files.list(f"/hostile/{kind}")
+        assert caught.value.errno in (errno.EINVAL, errno.ENAMETOOLONG), kind
+    with pytest.raises(FileOperationError) as caught:
+        hostile.files.list("/hostile/many-5000", max_entries=1000)
+    assert caught.value.errno == errno.E2BIG
+    with pytest.raises(FileOperationError) as caught:
+        hostile.files.list("/hostile/deep", depth=64, max_entries=50)  # an endless tree, bounded
+    assert caught.value.errno == errno.E2BIG
+    assert [e.name for e in hostile.files.list("/hostile/fine")] == ["ok.txt"]

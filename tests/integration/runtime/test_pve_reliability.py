@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import multiprocessing
 import multiprocessing.synchronize
-import os
 import re
 import signal
 import subprocess
@@ -30,7 +29,7 @@ import sandbox_rt
 from sandbox_rt import BackendError, Manager, Settings
 from tests.pve_server import PVETestServer
 
-from .conftest import SESSION_LABEL, Factory, _factory
+from .conftest import SESSION_LABEL, Factory, _factory, settings_environ
 from .pve_env import TEMPLATE_VMID, create_markers, world
 
 TASK_TIMEOUT_S = 2.0  # pve_task_timeout_s of the fault tests' manager
@@ -189,14 +188,6 @@ CHILD = textwrap.dedent(
 )
 
 
-def _environ(settings: Settings) -> dict[str, str]:
-    """These settings as SANDBOX_RT_* variables (what Manager.from_env() reads)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_RT_")}
-    for field in dataclasses.fields(settings):
-        env[f"SANDBOX_RT_{field.name.upper()}"] = str(getattr(settings, field.name))
-    return env
-
-
 @pytest.mark.parametrize(
     "step",
     [
@@ -220,7 +211,7 @@ def test_sigkill_during_create_then_gc_removes_everything(
         [sys.executable, "-c", CHILD, step],
         capture_output=True,
         timeout=60,
-        env=_environ(pve_manager.settings),
+        env=settings_environ(pve_manager.settings),
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
     markers = create_markers(pve_manager.settings)
