@@ -1,6 +1,6 @@
 """Lifecycle latency on the LXC backend vs the raw engine, measured in the same run.
 
-    python -m benchmarks --only lifecycle      (or, as before: python -m benchmarks.lifecycle --runs 20)
+    python -m benchmarks --only lifecycle
 
 - create → SSH-ready (``Manager.create`` returns a connected sandbox) vs raw ``lxc-copy -s -B
   overlayfs`` + static IP + ``lxc-start`` + first TCP connect to :22;
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -150,13 +149,3 @@ def run(b: Bench) -> dict[str, Any]:
     ]
     return {"measures": measures, "comparisons": comparisons, "facts": {"runs": runs}}
 
-
-def main() -> None:
-    """``python -m benchmarks.lifecycle [--runs N] [--json PATH]``: this group alone."""
-    from .__main__ import main as suite_main
-
-    sys.exit(suite_main(["--only", "lifecycle", *sys.argv[1:]]))
-
-
-if __name__ == "__main__":
-    main()

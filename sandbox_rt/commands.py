@@ -4,25 +4,65 @@ list, connect by pid, stdin, kill). The flat ``Sandbox.exec`` / ``exec_stream`` 
 from __future__ import annotations
 
 import signal as _signal
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Literal, overload
+from collections.abc import Mapping
+from typing import Literal, Protocol, overload
 
 from .background import BackgroundProcess, list_processes
+from .execution import Command, ExecStream
 from .limits import DEFAULT_MAX_OUTPUT
 from .models import ExecResult, ProcessInfo
 
-if TYPE_CHECKING:
-    from .sandbox import ExecStream, Sandbox
+__all__ = ["Commands", "Runs"]
 
-__all__ = ["Commands"]
 
-Command = str | Sequence[str]
+class Runs(Protocol):
+    """What ``sb.commands`` needs of its sandbox (``Sandbox`` is one)."""
+
+    @overload
+    def exec(
+        self,
+        command: Command,
+        *,
+        timeout: float | None = ...,
+        cwd: str | None = ...,
+        env: Mapping[str, str] | None = ...,
+        stdin: bytes | str | None = ...,
+        check: bool = ...,
+        background: Literal[False] = ...,
+        max_output: int = ...,
+    ) -> ExecResult: ...
+
+    @overload
+    def exec(
+        self,
+        command: Command,
+        *,
+        timeout: float | None = ...,
+        cwd: str | None = ...,
+        env: Mapping[str, str] | None = ...,
+        stdin: bytes | str | None = ...,
+        check: bool = ...,
+        background: Literal[True],
+        max_output: int = ...,
+    ) -> BackgroundProcess: ...
+
+    def exec_stream(
+        self,
+        command: Command,
+        *,
+        timeout: float | None = ...,
+        cwd: str | None = ...,
+        env: Mapping[str, str] | None = ...,
+        stdin: bytes | str | None = ...,
+        check: bool = ...,
+        max_output: int = ...,
+    ) -> ExecStream: ...
 
 
 class Commands:
     """The commands of one sandbox (``sb.commands``)."""
 
-    def __init__(self, sandbox: Sandbox) -> None:
+    def __init__(self, sandbox: Runs) -> None:
         self._sb = sandbox
 
     @overload

@@ -14,12 +14,12 @@ import errno
 import os
 import posixpath
 import stat
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from .errors import ConfigError, FileOperationError
 from .limits import DEFAULT_DOWNLOAD_MAX_BYTES, DEFAULT_READ_MAX_BYTES
-from .models import EntryInfo, EntryType
+from .models import EntryInfo, EntryType, ExecResult
 from .ssh import SSHExecutor
 from .ssh.files import check_entry_name
 from .validation import check_remote_path
@@ -27,9 +27,26 @@ from .validation import check_remote_path
 if TYPE_CHECKING:
     import paramiko
 
-    from .sandbox import Sandbox
+__all__ = ["LIST_MAX_ENTRIES", "Files", "HoldsFiles"]
 
-__all__ = ["LIST_MAX_ENTRIES", "Files"]
+
+class HoldsFiles(Protocol):
+    """What ``sb.files`` needs of its sandbox for content and commands (``Sandbox`` is one)."""
+
+    def exec(
+        self, command: Sequence[str], *, timeout: float | None = ..., max_output: int = ...
+    ) -> ExecResult: ...
+
+    def read_file(self, path: str, *, max_bytes: int = ...) -> bytes: ...
+
+    def read_text(self, path: str, encoding: str = ..., *, max_bytes: int = ...) -> str: ...
+
+    def write_file(self, path: str, data: bytes | str, *, mode: int | None = ...) -> None: ...
+
+    def upload(self, local: str | os.PathLike[str], remote: str) -> int: ...
+
+    def download(self, remote: str, local: str | os.PathLike[str], *, max_bytes: int = ...) -> int: ...
+
 
 LIST_MAX_ENTRIES = 10_000  # entries one ``list`` returns at most (all levels together)
 _MAX_DEPTH = 64
@@ -53,7 +70,7 @@ def _number(value: object, cap: int = 1 << 63) -> int:
 class Files:
     """The file operations of one sandbox (``sb.files``)."""
 
-    def __init__(self, sandbox: Sandbox, executor: SSHExecutor, alive: Callable[[], None]) -> None:
+    def __init__(self, sandbox: HoldsFiles, executor: SSHExecutor, alive: Callable[[], None]) -> None:
         self._sb = sandbox
         self._ssh = executor
         self._alive = alive

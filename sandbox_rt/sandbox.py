@@ -5,11 +5,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
-import shlex
 import stat
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
 
@@ -18,12 +17,13 @@ from .background import BackgroundProcess
 from .commands import Commands
 from .download import download_file, download_tree
 from .errors import ConfigError, ExecError, FileOperationError, SandboxError
+from .execution import Command, ExecStream, command_text, result_of
 from .files import Files
 from .forward import PortForward
 from .limits import DEFAULT_DOWNLOAD_MAX_BYTES, DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
-from .models import ExecResult, OutputChunk, SandboxRecord, SandboxStatus, SnapshotInfo
+from .models import ExecResult, SandboxRecord, SandboxStatus, SnapshotInfo
 from .pty import Pty
-from .ssh import RawResult, SSHExecutor
+from .ssh import SSHExecutor
 from .validation import (
     check_egress,
     check_env,
@@ -38,59 +38,6 @@ if TYPE_CHECKING:
     from .backends.base import Backend
 
 __all__ = ["ExecStream", "Sandbox"]
-
-Command = str | Sequence[str]
-
-
-def _command_text(command: Command) -> str:
-    """A string runs in the sandbox's bash as written; a list is quoted exactly, word by word."""
-    if isinstance(command, str):
-        if not command.strip():
-            raise ConfigError("command is empty")
-        if "\x00" in command:
-            raise ConfigError(f"command {command[:60]!r} contains a NUL byte")
-        return command
-    if isinstance(command, bytes) or not isinstance(command, Sequence) or not command:
-        raise ConfigError(f"command {command!r} must be a non-empty string or list of strings")
-    words = list(command)
-    for w in words:
-        if not isinstance(w, str) or "\x00" in w:
-            raise ConfigError(f"argument {w!r} must be a string without NUL bytes")
-    return shlex.join(words)
-
-
-def _result(command: str, raw: RawResult, duration_s: float) -> ExecResult:
-    return ExecResult(
-        command, raw.stdout, raw.stderr, raw.exit_code, duration_s, raw.dropped_stdout, raw.dropped_stderr
-    )
-
-
-class ExecStream:
-    """Iterate to get :class:`OutputChunk` s as the command prints them; ``result`` when done."""
-
-    def __init__(self, chunks: Iterator[OutputChunk | RawResult], command: str, check: bool) -> None:
-        self._chunks = chunks
-        self._command = command
-        self._check = check
-        self._started = time.monotonic()
-        self.result: ExecResult | None = None
-
-    def __iter__(self) -> Iterator[OutputChunk]:
-        for item in self._chunks:
-            if isinstance(item, OutputChunk):
-                yield item
-            else:
-                self.result = _result(self._command, item, time.monotonic() - self._started)
-                if self._check and item.exit_code != 0:
-                    raise ExecError(self._command, item.exit_code, item.stdout, item.stderr)
-
-    def wait(self) -> ExecResult:
-        """Consume the rest of the output and return the result."""
-        for _ in self:
-            pass
-        assert self.result is not None
-        return self.result
-
 
 class Sandbox:
     """A sandbox the caller holds. Use it as a context manager: leaving the block destroys it."""
@@ -199,7 +146,7 @@ class Sandbox:
             return BackgroundProcess.start(self, text, cwd=cwd_, env=env_)
         started = time.monotonic()
         raw = self._ssh.run(text, timeout=t, cwd=cwd_, env=env_, stdin=data, max_output=cap)
-        result = _result(text, raw, time.monotonic() - started)
+        result = result_of(text, raw, time.monotonic() - started)
         if check and result.exit_code != 0:
             raise ExecError(text, result.exit_code, result.stdout, result.stderr)
         return result
@@ -233,7 +180,7 @@ class Sandbox:
         stdin: bytes | str | None,
     ) -> tuple[str, float, str | None, dict[str, str], bytes | None]:
         self._check_alive()
-        text = _command_text(command)
+        text = command_text(command)
         t = self._timeout(timeout)
         if cwd is not None:
             check_remote_path(cwd, "cwd")
