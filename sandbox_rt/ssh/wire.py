@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -121,14 +122,46 @@ def _feed_extended_in_window(chan: paramiko.Channel, m: paramiko.Message) -> Non
 
 
 class BoundedTransport(paramiko.Transport):
-    """paramiko's transport that refuses channel data beyond the advertised window (a violation
-    raises in the reader thread, which ends the transport: the caller sees ConnectionLost)."""
+    """paramiko's transport, fixed in two places:
+
+    - channel data beyond the advertised window is refused (a violation raises in the reader
+      thread, which ends the transport: the caller sees ConnectionLost);
+    - the reader thread never waits for a key re-exchange. paramiko answers a channel's CLOSE (and
+      a request wanting a reply) from the reader thread through ``_send_user_message``, which
+      waits while a re-exchange runs; but only the reader thread can finish the re-exchange, so a
+      CLOSE that arrived just after our KEXINIT hung the connection for 30 s and then killed it
+      ("Key-exchange timed out waiting for key negotiation": every ~512 MiB, paramiko's re-key
+      interval, with commands ending meanwhile). Here such a message waits in a queue and goes out
+      as soon as the new keys are in force.
+    """
 
     _channel_handler_table = {  # noqa: RUF012 (paramiko's own class-level dispatch table)
         **paramiko.Transport._channel_handler_table,  # type: ignore[attr-defined]
         MSG_CHANNEL_DATA: _feed_in_window,
         MSG_CHANNEL_EXTENDED_DATA: _feed_extended_in_window,
     }
+
+    def __init__(self, sock: Any, **kwargs: Any) -> None:
+        self._deferred: list[paramiko.Message] = []  # the reader's messages held during a re-key
+        super().__init__(sock, **kwargs)
+
+    def _send_user_message(self, data: paramiko.Message) -> None:
+        if threading.current_thread() is self:
+            with self.clear_to_send_lock:
+                if not self.clear_to_send.is_set():
+                    self._deferred.append(data)
+                    return
+                self._send_message(data)  # type: ignore[attr-defined]
+                return
+        super()._send_user_message(data)  # type: ignore[misc]
+
+    def _parse_newkeys(self, m: paramiko.Message) -> None:
+        super()._parse_newkeys(m)  # type: ignore[misc]
+        with self.clear_to_send_lock:
+            if self.clear_to_send.is_set():
+                held, self._deferred = self._deferred, []
+                for message in held:
+                    self._send_message(message)  # type: ignore[attr-defined]
 
 
 def make_transport(

@@ -241,3 +241,19 @@ def test_disk_full_during_create(scratch_settings: Settings) -> None:
             subprocess.run(["lxc-stop", "-P", str(mnt), "-n", cdir.name, "-k"], capture_output=True)
             subprocess.run(["lxc-destroy", "-P", str(mnt), "-n", cdir.name], capture_output=True)
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_key_re_exchanges_while_commands_end_never_hang_the_connection(lxc_manager: Manager) -> None:
+    """paramiko re-keys every 512 MiB; a command's channel that closed during a re-key made the
+    reader thread wait for the re-key it alone could finish (30 s, then the connection died: on main
+    3 runs out of 3 of 45 x 32 MiB failed). Here the transport re-keys every 2 MiB, so a hundred short
+    commands cross dozens of re-keys while channels open and close."""
+    with lxc_manager.create(labels=SESSION_LABEL) as sb:
+        sb.exec("true")
+        transport = sb._ssh._transport()  # the test shortens paramiko's re-key interval
+        transport.packetizer.REKEY_BYTES = 2 << 20  # type: ignore[attr-defined]
+        transport.packetizer.REKEY_PACKETS = 1 << 30  # type: ignore[attr-defined]
+        for _ in range(100):  # a hung re-key ends in ConnectionLost after 30 s
+            r = sb.exec("head -c 1M /dev/zero", timeout=30, max_output=1 << 10)
+            assert r.exit_code == 0 and r.stdout_dropped == (1 << 20) - (1 << 10)
+        assert sb.is_connected()
