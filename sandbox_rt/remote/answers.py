@@ -1,0 +1,303 @@
+"""The HTTP API's answers read strictly: an answer is input like any other (the server may be an
+impostor, a proxy may mangle it). Each value is checked for type and range, identities are
+compared with what was asked (a status answered for another sandbox is refused), and a malformed
+answer is a :class:`~sandbox_rt.errors.BackendError` at step ``remote API``, never a half-read
+object or a deep traceback."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import ipaddress
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from ..errors import BackendError, ConfigError
+from ..models import ExecResult, ResourceUsage, SandboxRecord, SandboxSpec, SandboxStatus, SnapshotInfo
+from ..validation import MAX_EGRESS_ENTRIES, check_sandbox_id
+
+__all__ = [
+    "bad_answer",
+    "decode_json",
+    "parse_egress",
+    "parse_exec_result",
+    "parse_internet",
+    "parse_list",
+    "parse_record",
+    "parse_snapshot",
+    "parse_status",
+    "parse_usage",
+    "parse_written",
+]
+
+T = TypeVar("T")
+
+STEP = "remote API"
+# the most bytes read of an answer that is not a file or a command's output (status, errors)
+SMALL_ANSWER_BYTES = 1 << 20
+LIST_ANSWER_BYTES = 64 << 20
+# a command echoed back, a message: longer is cut or refused
+MAX_TEXT = 1 << 20
+MAX_MESSAGE = 8 << 10
+MAX_LIST_ENTRIES = 100_000
+
+_LABEL_KEY = re.compile(r"[A-Za-z0-9_.\-/]{1,63}")
+
+
+def bad_answer(what: str) -> BackendError:
+    """The server's answer is not what the API documents."""
+    return BackendError(f"the server's answer is not valid: {what}", step=STEP)
+
+
+# -- strict readers of JSON values ------------------------------------------------------------------
+def read_object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise bad_answer(f"{what} is not an object")
+    return value
+
+
+def read_member(data: Mapping[str, Any], name: str, what: str) -> Any:
+    if name not in data:
+        raise bad_answer(f"{what} lacks {name!r}")
+    return data[name]
+
+
+def read_str(value: Any, what: str, max_len: int = 4096) -> str:
+    if not isinstance(value, str) or len(value) > max_len or "\x00" in value:
+        raise bad_answer(f"{what} is not a string of at most {max_len} characters")
+    return value
+
+
+def read_bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise bad_answer(f"{what} is not true or false")
+    return value
+
+
+def read_num(value: Any, what: str, lo: float = 0.0, hi: float = 1e15) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad_answer(f"{what} is not a finite number")
+    if not lo <= value <= hi:
+        raise bad_answer(f"{what}={value!r} is out of range")
+    return float(value)
+
+
+def read_int(value: Any, what: str, lo: int = 0, hi: int = 1 << 62) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise bad_answer(f"{what}={value!r:.40} is not a whole number from {lo} to {hi}")
+    return value
+
+
+def read_opt(read: Callable[..., T], value: Any, what: str, *args: Any) -> T | None:
+    return None if value is None else read(value, what, *args)
+
+
+def read_ip(value: Any, what: str) -> str:
+    text = read_str(value, what, 64)
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        raise bad_answer(f"{what}={text!r} is not an IP address") from None
+    return text
+
+
+def read_sandbox_id(value: Any, what: str, expect: str | None = None) -> str:
+    text = read_str(value, what, 64)
+    try:
+        check_sandbox_id(text)
+    except ConfigError:
+        raise bad_answer(f"{what}={text!r} is not a sandbox id") from None
+    if expect is not None and text != expect:
+        raise bad_answer(f"{what} is {text!r}, not the sandbox asked about ({expect})")
+    return text
+
+
+def read_labels(value: Any, what: str) -> dict[str, str]:
+    data = read_object(value, what)
+    if len(data) > 256:
+        raise bad_answer(f"{what} has more than 256 labels")
+    for key, val in data.items():
+        if not _LABEL_KEY.fullmatch(key):
+            raise bad_answer(f"{what} has a label key {key!r:.80} that no sandbox can carry")
+        read_str(val, f"{what}[{key!r}]", 256)
+    return dict(data)
+
+
+def read_strings(value: Any, what: str, max_items: int, max_len: int = 255) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) > max_items:
+        raise bad_answer(f"{what} is not a list of at most {max_items} strings")
+    return tuple(read_str(v, f"{what} entry", max_len) for v in value)
+
+
+def read_b64(value: Any, what: str, max_bytes: int) -> bytes:
+    text = read_str(value, what, 4 * (max_bytes // 3 + 1))
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_answer(f"{what} is not base64") from None
+    if len(data) > max_bytes:
+        raise bad_answer(f"{what} holds {len(data)} bytes, more than the {max_bytes} asked for")
+    return data
+
+
+def decode_json(body: bytes, what: str) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        raise bad_answer(f"{what} is not JSON") from None
+
+
+# -- answers ---------------------------------------------------------------------------------------
+def parse_usage(value: Any) -> ResourceUsage:
+    data = read_object(value, "usage")
+    return ResourceUsage(
+        memory_bytes=read_opt(read_int, data.get("memory_bytes"), "usage.memory_bytes"),
+        memory_peak_bytes=read_opt(read_int, data.get("memory_peak_bytes"), "usage.memory_peak_bytes"),
+        cpu_time_s=read_opt(read_num, data.get("cpu_time_s"), "usage.cpu_time_s"),
+        pids=read_opt(read_int, data.get("pids"), "usage.pids"),
+        disk_bytes=read_opt(read_int, data.get("disk_bytes"), "usage.disk_bytes"),
+    )
+
+
+_STATUS_FIELDS = {f.name for f in dataclasses.fields(SandboxStatus)}
+
+
+def parse_status(value: Any, expect_id: str | None = None) -> SandboxStatus:
+    """A sandbox's status (``GET /v1/sandboxes/{id}``, ``POST /v1/sandboxes``)."""
+    data = read_object(value, "the status")
+
+    def get(name: str) -> Any:
+        return read_member(data, name, "the status")
+
+    kwargs: dict[str, Any] = {
+        "id": read_sandbox_id(get("id"), "status.id", expect_id),
+        "state": read_str(get("state"), "status.state", 32),
+        "ip": read_ip(get("ip"), "status.ip"),
+        "hostname": read_str(get("hostname"), "status.hostname", 253),
+        "cpus": read_num(get("cpus"), "status.cpus", 0, 1 << 16),
+        "memory_mb": read_int(get("memory_mb"), "status.memory_mb"),
+        "disk_gb": read_int(get("disk_gb"), "status.disk_gb"),
+        "internet": read_bool(get("internet"), "status.internet"),
+        "uptime_s": read_opt(read_num, get("uptime_s"), "status.uptime_s"),
+        "usage": parse_usage(get("usage")),
+        "labels": read_labels(get("labels"), "status.labels"),
+        "expires_at": read_opt(read_num, get("expires_at"), "status.expires_at"),
+        "egress": read_strings(data.get("egress", []), "status.egress", MAX_EGRESS_ENTRIES),
+    }
+    for cap in ("net_mbps", "disk_mbps", "disk_iops"):  # caps: present on servers that have them
+        if cap in _STATUS_FIELDS and cap in data:
+            kwargs[cap] = read_int(data[cap], f"status.{cap}")
+    return SandboxStatus(**kwargs)
+
+
+def parse_record(value: Any) -> SandboxRecord:
+    """A list entry. The API lists what the backend knows without connecting: no host key, no
+    owner (those fields are empty), and of the spec only the limits and labels."""
+    data = read_object(value, "a list entry")
+
+    def get(name: str) -> Any:
+        return read_member(data, name, "a list entry")
+
+    spec = SandboxSpec(
+        cpus=read_num(get("cpus"), "sandbox.cpus", 0, 1 << 16),
+        memory_mb=read_int(get("memory_mb"), "sandbox.memory_mb"),
+        disk_gb=read_int(get("disk_gb"), "sandbox.disk_gb"),
+        pids_max=read_int(get("pids_max"), "sandbox.pids_max"),
+        labels=read_labels(get("labels"), "sandbox.labels"),
+    )
+    return SandboxRecord(
+        id=read_sandbox_id(get("id"), "sandbox.id"),
+        hostname=read_str(get("hostname"), "sandbox.hostname", 253),
+        ip=read_ip(get("ip"), "sandbox.ip"),
+        host_key="",
+        spec=spec,
+        created_at=read_num(get("created_at"), "sandbox.created_at"),
+        expires_at=read_opt(read_num, get("expires_at"), "sandbox.expires_at"),
+        owner_pid=0,
+        owner_host="",
+        backend=read_str(get("backend"), "sandbox.backend", 32),
+    )
+
+
+def parse_list(value: Any, labels: Mapping[str, str]) -> list[SandboxRecord]:
+    data = read_object(value, "the list")
+    items = read_member(data, "sandboxes", "the list")
+    if not isinstance(items, list) or len(items) > MAX_LIST_ENTRIES:
+        raise bad_answer(f"the list is not an array of at most {MAX_LIST_ENTRIES} sandboxes")
+    records = [parse_record(item) for item in items]
+    for r in records:  # what was asked for: a server that ignores the filter must not widen it
+        if any(r.spec.labels.get(k) != v for k, v in labels.items()):
+            raise bad_answer(f"the list holds {r.id}, which lacks the labels asked for")
+    return records
+
+
+def parse_exec_result(value: Any, max_output: int) -> ExecResult:
+    """A JSON exec answer (asked with ``encoding: base64``: the exact bytes)."""
+    data = read_object(value, "the exec result")
+
+    def get(name: str) -> Any:
+        return read_member(data, name, "the exec result")
+
+    if get("encoding") != "base64":
+        raise bad_answer("the exec result is not base64-encoded as asked")
+    result = ExecResult(
+        command=read_str(get("command"), "result.command", MAX_TEXT),
+        stdout=read_b64(get("stdout"), "result.stdout", max_output),
+        stderr=read_b64(get("stderr"), "result.stderr", max_output),
+        exit_code=read_int(get("exit_code"), "result.exit_code", -(1 << 31), 1 << 31),
+        duration_s=read_num(get("duration_s"), "result.duration_s"),
+        stdout_dropped=read_int(get("stdout_dropped"), "result.stdout_dropped"),
+        stderr_dropped=read_int(get("stderr_dropped"), "result.stderr_dropped"),
+    )
+    if read_bool(get("truncated"), "result.truncated") != result.truncated:
+        raise bad_answer("result.truncated disagrees with stdout_dropped/stderr_dropped")
+    return result
+
+
+def parse_snapshot(value: Any, name: str, source_id: str) -> SnapshotInfo:
+    data = read_object(value, "the snapshot")
+
+    def get(field: str) -> Any:
+        return read_member(data, field, "the snapshot")
+
+    got = read_str(get("name"), "snapshot.name", 64)
+    if got != name:
+        raise bad_answer(f"snapshot.name is {got!r}, not the name asked for ({name!r})")
+    return SnapshotInfo(
+        name=got,
+        source_id=read_sandbox_id(get("source_id"), "snapshot.source_id", source_id),
+        created_at=read_num(get("created_at"), "snapshot.created_at"),
+        backend=read_str(get("backend"), "snapshot.backend", 32),
+        size_bytes=read_opt(read_int, data.get("size_bytes"), "snapshot.size_bytes"),
+    )
+
+
+def parse_internet(value: Any, sandbox_id: str, enabled: bool) -> None:
+    data = read_object(value, "the internet answer")
+    read_sandbox_id(read_member(data, "id", "the internet answer"), "internet.id", sandbox_id)
+    if read_bool(read_member(data, "internet", "the internet answer"), "internet.internet") is not enabled:
+        raise bad_answer(f"the server says internet is {not enabled}, not {enabled} as asked")
+
+
+def parse_egress(value: Any, sandbox_id: str, asked: int) -> tuple[str, ...]:
+    data = read_object(value, "the egress answer")
+    read_sandbox_id(read_member(data, "id", "the egress answer"), "egress.id", sandbox_id)
+    listed = read_member(data, "egress", "the egress answer")
+    entries = read_strings(listed, "egress.egress", MAX_EGRESS_ENTRIES)
+    if len(entries) > asked:  # normalising merges duplicates, never adds
+        raise bad_answer(f"the server allows {len(entries)} egress entries; {asked} were asked for")
+    return entries
+
+
+def parse_written(value: Any, path: str, size: int) -> None:
+    data = read_object(value, "the write answer")
+    if read_member(data, "path", "the write answer") != path:
+        raise bad_answer("the write answer names another path")
+    if read_int(read_member(data, "size", "the write answer"), "write.size") != size:
+        raise bad_answer(f"the server wrote {data['size']} bytes, not the {size} sent")

@@ -1,0 +1,237 @@
+"""The HTTP API's requests as :class:`~sandbox_rt.remote.wire.Call` values: one builder per route,
+shared by the sync and the async client (which only send them)."""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import os
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import ConfigError
+from ..http_api import _check_token as check_token  # the server's token rules, reused
+from ..http_api import _is_loopback as is_loopback
+from ..http_api import load_token
+from ..limits import DEFAULT_READ_MAX_BYTES
+from ..models import ExecResult, SandboxRecord, SandboxStatus, SnapshotInfo
+from ..validation import check_max_bytes, check_remote_path, check_sandbox_id, check_snapshot_name
+from . import answers, wire
+from .error_map import ErrorContext
+from .wire import Call
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_URL",
+    "create",
+    "destroy",
+    "egress",
+    "endpoint",
+    "exec_json",
+    "internet",
+    "list_sandboxes",
+    "read_file",
+    "snapshot",
+    "status",
+    "write_file",
+]
+
+
+def _none(_body: bytes) -> None:
+    return None
+
+
+def create(
+    *,
+    hostname: str | None = None,
+    cpus: float | None = None,
+    memory_mb: int | None = None,
+    disk_gb: int | None = None,
+    pids_max: int | None = None,
+    internet: bool | None = None,
+    labels: Mapping[str, str] | None = None,
+    ttl_s: int | None = None,
+    detached: bool | None = None,
+    egress: Sequence[str] | None = None,
+    from_snapshot: str | None = None,
+    net_mbps: int | None = None,
+    disk_mbps: int | None = None,
+    disk_iops: int | None = None,
+) -> Call[SandboxStatus]:
+    """``POST /v1/sandboxes``; fields left None take the server's defaults."""
+    if egress is not None and (isinstance(egress, str | bytes) or not isinstance(egress, Sequence)):
+        raise ConfigError(f"egress={egress!r:.60} must be a list of addresses, networks or domain names")
+    if labels is not None and not isinstance(labels, Mapping):
+        raise ConfigError(f"labels={labels!r:.60} must be a mapping of strings")
+    fields: dict[str, Any] = {
+        "hostname": hostname,
+        "cpus": cpus,
+        "memory_mb": memory_mb,
+        "disk_gb": disk_gb,
+        "pids_max": pids_max,
+        "internet": internet,
+        "labels": dict(labels) if labels is not None else None,
+        "ttl_s": ttl_s,
+        "detached": detached,
+        "egress": list(egress) if egress is not None else None,
+        "from_snapshot": from_snapshot,
+        "net_mbps": net_mbps,
+        "disk_mbps": disk_mbps,
+        "disk_iops": disk_iops,
+    }
+    body = {k: v for k, v in fields.items() if v is not None}
+    return Call(
+        "POST",
+        "/v1/sandboxes",
+        201,
+        lambda raw: answers.parse_status(answers.decode_json(raw, "the create answer")),
+        ErrorContext(snapshot=from_snapshot),
+        json=body,
+    )
+
+
+def status(sandbox_id: str) -> Call[SandboxStatus]:
+    return Call(
+        "GET",
+        wire.sandbox_path(sandbox_id),
+        200,
+        lambda raw: answers.parse_status(answers.decode_json(raw, "the status"), sandbox_id),
+        ErrorContext(sandbox_id=sandbox_id),
+    )
+
+
+def list_sandboxes(labels: Mapping[str, str] | None) -> Call[builtins.list[SandboxRecord]]:
+    want = dict(labels or {})
+    params: list[tuple[str, str]] = []
+    for key, value in want.items():
+        if not isinstance(key, str) or not key or "=" in key or not isinstance(value, str):
+            raise ConfigError(f"label filter {key!r}={value!r} must be a string key (without '=') and value")
+        params.append(("label", f"{key}={value}"))
+    return Call(
+        "GET",
+        "/v1/sandboxes",
+        200,
+        lambda raw: answers.parse_list(answers.decode_json(raw, "the list"), want),
+        params=params,
+        max_bytes=answers.LIST_ANSWER_BYTES,
+    )
+
+
+def destroy(sandbox_id: str) -> Call[None]:
+    return Call("DELETE", wire.sandbox_path(sandbox_id), 204, _none, ErrorContext(sandbox_id=sandbox_id))
+
+
+def exec_json(
+    sandbox_id: str, body: dict[str, Any], timeout: float | None, max_output: int, command: str
+) -> Call[ExecResult]:
+    """``POST .../exec`` answered as one JSON result (``body`` from :func:`wire.exec_body`)."""
+    return Call(
+        "POST",
+        wire.sandbox_path(sandbox_id, "/exec"),
+        200,
+        lambda raw: answers.parse_exec_result(answers.decode_json(raw, "the exec result"), max_output),
+        ErrorContext(sandbox_id=sandbox_id, command=command, max_output=max_output),
+        json=body,
+        max_bytes=wire.exec_answer_bytes(max_output),
+        read_timeout=wire.exec_wait(timeout),
+    )
+
+
+def write_file(sandbox_id: str, path: str, data: bytes | str, mode: int | None) -> Call[None]:
+    check_remote_path(path)
+    if not isinstance(data, bytes | str):
+        raise ConfigError(f"data must be bytes or str, not {type(data).__name__}")
+    content = data.encode("utf-8") if isinstance(data, str) else data
+    params = [("path", path)]
+    if mode is not None:
+        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
+            raise ConfigError(f"mode={mode!r} must be permission bits from 0 to 0o7777")
+        params.append(("mode", f"{mode:04o}"))
+    return Call(
+        "PUT",
+        wire.sandbox_path(sandbox_id, "/files"),
+        200,
+        lambda raw: answers.parse_written(answers.decode_json(raw, "the write answer"), path, len(content)),
+        ErrorContext(sandbox_id=sandbox_id, path=path),
+        content=content,
+        params=params,
+    )
+
+
+def read_file(sandbox_id: str, path: str, max_bytes: int = DEFAULT_READ_MAX_BYTES) -> Call[bytes]:
+    check_remote_path(path)
+    cap = check_max_bytes(max_bytes, "max_bytes")
+    return Call(
+        "GET",
+        wire.sandbox_path(sandbox_id, "/files"),
+        200,
+        bytes,
+        ErrorContext(sandbox_id=sandbox_id, path=path),
+        params=[("path", path)],
+        max_bytes=cap,
+        raw=True,
+    )
+
+
+def internet(sandbox_id: str, enabled: bool) -> Call[None]:
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"enabled={enabled!r} must be True or False")
+    return Call(
+        "POST",
+        wire.sandbox_path(sandbox_id, "/internet"),
+        200,
+        lambda raw: answers.parse_internet(answers.decode_json(raw, "the answer"), sandbox_id, enabled),
+        ErrorContext(sandbox_id=sandbox_id),
+        json={"enabled": enabled},
+    )
+
+
+def egress(sandbox_id: str, entries: Sequence[str]) -> Call[tuple[str, ...]]:
+    if isinstance(entries, str | bytes) or not isinstance(entries, Sequence):
+        raise ConfigError(f"egress={entries!r:.60} must be a list of addresses, networks or domain names")
+    listed = list(entries)
+    return Call(
+        "PUT",
+        wire.sandbox_path(sandbox_id, "/egress"),
+        200,
+        lambda raw: answers.parse_egress(answers.decode_json(raw, "the answer"), sandbox_id, len(listed)),
+        ErrorContext(sandbox_id=sandbox_id),
+        json={"egress": listed},
+    )
+
+
+def snapshot(sandbox_id: str, name: str) -> Call[SnapshotInfo]:
+    check_sandbox_id(sandbox_id)
+    check_snapshot_name(name)
+    return Call(
+        "POST",
+        wire.sandbox_path(sandbox_id, "/snapshots"),
+        201,
+        lambda raw: answers.parse_snapshot(answers.decode_json(raw, "the snapshot"), name, sandbox_id),
+        ErrorContext(sandbox_id=sandbox_id, snapshot=name),
+        json={"name": name},
+    )
+
+
+DEFAULT_URL = "http://127.0.0.1:8787"
+
+
+def endpoint(url: str, token: str | None, token_file: str | os.PathLike[str] | None) -> tuple[str, str]:
+    """(base URL, bearer token) for a client, by the server's own token rules: ``token`` as given,
+    else the first line of ``token_file`` (a 0600 regular file of root or this user), else
+    ``$SANDBOX_RT_API_TOKEN``. The token is never logged."""
+    if not isinstance(url, str):
+        raise ConfigError(f"url={url!r} must be a string such as {DEFAULT_URL}")
+    split = urllib.parse.urlsplit(url)
+    if split.scheme not in ("http", "https") or not split.hostname:
+        raise ConfigError(f"url={url!r} must be an http:// or https:// URL such as {DEFAULT_URL}")
+    if split.query or split.fragment or split.username or split.password:
+        raise ConfigError(f"url={url!r} must not carry a query, a fragment or credentials")
+    if token is not None and token_file is not None:
+        raise ConfigError("give token or token_file, not both")
+    secret = check_token(token, "the token argument") if token is not None else load_token(token_file)
+    if split.scheme == "http" and not is_loopback(split.hostname):
+        log.warning("the sandbox-rt API at %s is plain HTTP: the token travels in clear text", url)
+    return url.rstrip("/"), secret

@@ -1,0 +1,214 @@
+"""The same agent code on the host and on another machine: one sync snippet run unchanged against
+``Manager`` and ``remote.Client``, one async snippet against ``AsyncManager`` and
+``remote.AsyncClient``, the clients talking to a real ``sandbox-rt serve`` on loopback (token in a
+0600 file), all driving real LXC sandboxes. Each snippet makes one sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sandbox_rt
+from sandbox_rt import remote
+
+pytestmark = pytest.mark.slow
+
+SANDBOX_RT = Path(sys.executable).with_name("sandbox-rt")
+LABEL = {"test-remote": uuid.uuid4().hex[:12]}
+TOKEN = secrets.token_urlsafe(32)
+FILE = "/home/sandbox/work/data.bin"
+PAYLOAD = bytes(range(256)) * 4
+
+
+def agent(factory: Any) -> dict[str, Any]:
+    """What an agent does: create, exec, write/read a file, stream, fail in the usual ways, destroy."""
+    with factory.create(memory_mb=512, labels=LABEL, ttl_s=600) as sb:
+        r = sb.exec("cat; echo $X >&2; exit 3", stdin="in\n", env={"X": "ex"}, timeout=30)
+        sb.write_file(FILE, PAYLOAD)
+        data = sb.read_file(FILE)
+        stream = sb.exec_stream("for i in 1 2 3; do echo $i; done; echo done >&2", timeout=30)
+        chunks = [(c.stream, c.data) for c in stream]
+        try:
+            sb.read_file("/home/sandbox/missing")
+        except sandbox_rt.FileOperationError as exc:
+            missing = exc.errno
+        try:
+            sb.exec("echo partial; sleep 30", timeout=1)
+        except sandbox_rt.CommandTimeout as exc:
+            timed_out = exc.stdout
+        try:
+            sb.exec("exit 7", check=True)
+        except sandbox_rt.ExecError as exc:
+            failed = exc.exit_code
+        return {
+            "id": sb.id,
+            "labels": sb.labels,
+            "result": (r.stdout, r.stderr, r.exit_code),
+            "file": data,
+            "stdout": b"".join(d for s, d in chunks if s == "stdout"),
+            "stderr": b"".join(d for s, d in chunks if s == "stderr"),
+            "stream_exit": stream.result.exit_code if stream.result else None,
+            "missing": missing,
+            "timed_out": timed_out,
+            "failed": failed,
+        }
+
+
+async def async_agent(factory: Any) -> dict[str, Any]:
+    """The same, for asyncio."""
+    async with factory.create(memory_mb=512, labels=LABEL, ttl_s=600) as sb:
+        r = await sb.exec("cat; echo $X >&2; exit 3", stdin="in\n", env={"X": "ex"}, timeout=30)
+        await sb.write_file(FILE, PAYLOAD)
+        data = await sb.read_file(FILE)
+        stream = sb.exec_stream("for i in 1 2 3; do echo $i; done; echo done >&2", timeout=30)
+        chunks = [(c.stream, c.data) async for c in stream]
+        try:
+            await sb.read_file("/home/sandbox/missing")
+        except sandbox_rt.FileOperationError as exc:
+            missing = exc.errno
+        try:
+            await sb.exec("echo partial; sleep 30", timeout=1)
+        except sandbox_rt.CommandTimeout as exc:
+            timed_out = exc.stdout
+        try:
+            await sb.exec("exit 7", check=True)
+        except sandbox_rt.ExecError as exc:
+            failed = exc.exit_code
+        return {
+            "id": sb.id,
+            "labels": sb.labels,
+            "result": (r.stdout, r.stderr, r.exit_code),
+            "file": data,
+            "stdout": b"".join(d for s, d in chunks if s == "stdout"),
+            "stderr": b"".join(d for s, d in chunks if s == "stderr"),
+            "stream_exit": stream.result.exit_code if stream.result else None,
+            "missing": missing,
+            "timed_out": timed_out,
+            "failed": failed,
+        }
+
+
+EXPECTED = {
+    "labels": LABEL,
+    "result": (b"in\n", b"ex\n", 3),
+    "file": PAYLOAD,
+    "stdout": b"1\n2\n3\n",
+    "stderr": b"done\n",
+    "stream_exit": 0,
+    "missing": errno.ENOENT,
+    "timed_out": b"partial\n",
+    "failed": 7,
+}
+
+
+@pytest.fixture(scope="module")
+def manager() -> Iterator[sandbox_rt.Manager]:
+    s = sandbox_rt.Settings.load()
+    if not (s.lxc_path / s.template / "config").is_file() or not s.ssh_key.is_file():
+        pytest.fail(
+            "this host is not prepared: run `ansible-playbook -i inventories/local site.yml`", pytrace=False
+        )
+    mgr = sandbox_rt.Manager.from_env()
+    yield mgr
+    for record in mgr.list(labels=LABEL):  # whatever a failed test left behind
+        with contextlib.suppress(sandbox_rt.SandboxError):
+            mgr.destroy(record.id)
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory, manager: sandbox_rt.Manager) -> Iterator[tuple[str, Path]]:
+    """A real ``sandbox-rt serve`` on 127.0.0.1 (a free port), its token in a 0600 file."""
+    token_file = tmp_path_factory.mktemp("api") / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    proc = subprocess.Popen(
+        [str(SANDBOX_RT), "serve", "--port", "0", "--token-file", str(token_file)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        url = ""
+        deadline = time.monotonic() + 60
+        while not url and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            assert line, f"sandbox-rt serve exited: {proc.poll()}"
+            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+            url = m.group(1) if m else ""
+        assert url, "sandbox-rt serve did not say where it listens"
+        yield url, token_file
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        assert proc.stderr is not None
+        proc.stderr.close()
+
+
+def check(outcome: dict[str, Any], manager: sandbox_rt.Manager) -> None:
+    assert {k: v for k, v in outcome.items() if k != "id"} == EXPECTED
+    assert outcome["id"] not in {r.id for r in manager.list(labels=LABEL)}  # leaving the block destroyed it
+
+
+def test_sync_snippet_in_process(manager: sandbox_rt.Manager) -> None:
+    check(agent(manager), manager)
+
+
+def test_sync_snippet_over_http(api: tuple[str, Path], manager: sandbox_rt.Manager) -> None:
+    url, token_file = api
+    with remote.Client(url, token_file=token_file) as client:
+        check(agent(client), manager)
+
+
+def test_async_snippet_in_process(manager: sandbox_rt.Manager) -> None:
+    async def main() -> dict[str, Any]:
+        async with sandbox_rt.AsyncManager(manager) as mgr:
+            return await async_agent(mgr)
+
+    check(asyncio.run(main()), manager)
+
+
+def test_async_snippet_over_http(api: tuple[str, Path], manager: sandbox_rt.Manager) -> None:
+    url, token_file = api
+
+    async def main() -> dict[str, Any]:
+        async with remote.AsyncClient(url, token_file=token_file) as client:
+            return await async_agent(client)
+
+    check(asyncio.run(main()), manager)
+
+
+def test_remote_list_attach_and_errors(api: tuple[str, Path], manager: sandbox_rt.Manager) -> None:
+    url, token_file = api
+    with (
+        remote.Client(url, token_file=token_file) as client,
+        client.create(memory_mb=512, labels=LABEL) as sb,
+    ):
+        assert [r.id for r in client.list(labels=LABEL)] == [sb.id]
+        again = client.attach(sb.id)
+        assert again.exec("hostname").text.strip() == sb.hostname
+        assert sb.status().state == "running"
+        with pytest.raises(sandbox_rt.SandboxNotFound):
+            client.attach("sbx-0000000000")
+        with pytest.raises(sandbox_rt.ConfigError, match="memory_mb"):
+            client.create(memory_mb=1)
+    with remote.Client(url, token="x" * 32) as wrong, pytest.raises(sandbox_rt.PermissionDenied):
+        wrong.list()
