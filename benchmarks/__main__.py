@@ -2,7 +2,7 @@
 
     python -m benchmarks [--runs 20] [--quick] [--only lifecycle,transfer,...] [--json PATH]
 
-Groups (all by default): lifecycle, transfer, concurrency, pve, profile (see each module's
+Groups (all by default): lifecycle, transfer, concurrency, pve, profile, neighbours (see each module's
 docstring and docs/benchmarks.md). Prints median, p90 and max of every measure and the ratio to its
 baseline; writes everything to JSON (default benchmarks/results.json, not committed). Run as root
 on a host prepared by site.yml. Every sandbox made carries the labels bench=1 and bench-run=<id>
@@ -28,7 +28,7 @@ from typing import Any
 
 import paramiko
 
-from . import concurrency, lifecycle, profile, pve, transfer
+from . import concurrency, lifecycle, neighbours, profile, pve, transfer
 from .context import Bench, Options
 from .report import format_table, write_json
 
@@ -38,6 +38,7 @@ GROUPS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "concurrency": concurrency.run,
     "pve": pve.run,
     "profile": profile.run,
+    "neighbours": neighbours.run,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results.json"
 

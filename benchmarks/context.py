@@ -8,7 +8,7 @@ import secrets
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,23 @@ class Bench:
             yield sb
         finally:
             sb.destroy()
+
+    @contextlib.contextmanager
+    def template_variant(self, edit: Callable[[list[str]], list[str]]) -> Iterator[Manager]:
+        """A Manager whose template is a throw-away copy of the real one's config, ``edit``-ed (its
+        rootfs a symlink to the real one's); removed afterwards. The real template is never touched."""
+        name = f"{self.settings.template}-bench-{self.run_id}-{secrets.token_hex(2)}"
+        real, variant = self.settings.lxc_path / self.settings.template, self.settings.lxc_path / name
+        variant.mkdir(mode=0o755)
+        try:
+            (variant / "rootfs").symlink_to(Path("..") / self.settings.template / "rootfs")
+            config = (real / "config").read_text().splitlines()
+            lines = [ln for ln in config if not ln.startswith("lxc.rootfs.path")]
+            lines = [*edit(lines), f"lxc.rootfs.path = dir:{variant / 'rootfs'}"]
+            (variant / "config").write_text("\n".join(lines) + "\n")
+            yield Manager(dataclasses.replace(self.settings, template=name))
+        finally:
+            shutil.rmtree(variant, ignore_errors=True)
 
     def sweep(self, mgr: Manager | None = None) -> list[str]:
         """Destroy this run's sandboxes on ``mgr``'s backend and its raw containers."""

@@ -11,7 +11,11 @@
   ``lxc-attach``;
 - destroy vs raw ``lxc-stop -k`` + ``lxc-destroy``;
 - the cost of isolated id maps: create → SSH-ready with them (the default) vs with the one
-  shared map (``idmap_isolated=false``).
+  shared map (``idmap_isolated=false``);
+- the cost of lxcfs (issue 26: a sandbox sees its own memory and CPUs): create → SSH-ready and
+  destroy with the template's lxcfs bind mounts (the default) vs a copy of the template without
+  them (what sandboxes had before), and destroy with Debian's lxcfs hooks instead (their stop hook
+  sleeps 0.5 s), the way the bind mounts avoid.
 Raw and runtime samples alternate, so drift on a shared machine hits both alike.
 """
 
@@ -43,7 +47,14 @@ WHAT = {
     "raw_lxc_attach": "lxc-attach -- true",
     "destroy": "Sandbox.destroy()",
     "raw_destroy": "raw lxc-stop -k + lxc-destroy",
+    "create_ssh_ready_no_lxcfs": "Manager.create() from a template copy without lxcfs",
+    "destroy_no_lxcfs": "Sandbox.destroy() of a sandbox without lxcfs",
+    "destroy_lxcfs_hooks": "Sandbox.destroy() with Debian's lxcfs hooks instead of bind mounts",
 }
+LXCFS_HOOKS = [  # /usr/share/lxc/config/common.conf.d/00-lxcfs.conf
+    "lxc.hook.mount = /usr/share/lxcfs/lxc.mount.hook",
+    "lxc.hook.post-stop = /usr/share/lxcfs/lxc.reboot.hook",
+]
 RAW = {k for k in WHAT if k.startswith("raw_")}
 
 
@@ -96,6 +107,17 @@ def _shared_ids_cycle(b: Bench, res: dict[str, list[float]], shared: sandbox_rt.
     sb.destroy()
 
 
+def _without_lxcfs(lines: list[str]) -> list[str]:
+    return [ln for ln in lines if not (ln.startswith("lxc.mount.entry") and "lxcfs" in ln)]
+
+
+def _lxcfs_cycle(b: Bench, res: dict[str, list[float]], plain: sandbox_rt.Manager) -> None:
+    t0 = time.perf_counter()
+    sb = b.create(plain)
+    res["create_ssh_ready_no_lxcfs"].append(time.perf_counter() - t0)
+    res["destroy_no_lxcfs"].append(_timed(sb.destroy))
+
+
 def _exec_round_trips(b: Bench, res: dict[str, list[float]], count: int) -> None:
     with b.sandbox() as sb:
         ossh = OpenSSH(sb.ip, sb.record.host_key, b.settings.ssh_key, b.settings.ssh_user, b.tmp / "exec")
@@ -128,13 +150,20 @@ def run(b: Bench) -> dict[str, Any]:
     runs = b.opts.runs
     res: dict[str, list[float]] = {k: [] for k in WHAT}
     shared = sandbox_rt.Manager(dataclasses.replace(b.settings, idmap_isolated=False))
-    for _ in range(runs):
-        b.checkpoint()
-        _raw_cycle(b, res)
-        b.checkpoint()
-        _cycle(b, res)
-        b.checkpoint()
-        _shared_ids_cycle(b, res, shared)
+    with b.template_variant(_without_lxcfs) as plain:
+        for _ in range(runs):
+            b.checkpoint()
+            _raw_cycle(b, res)
+            b.checkpoint()
+            _cycle(b, res)
+            b.checkpoint()
+            _shared_ids_cycle(b, res, shared)
+            b.checkpoint()
+            _lxcfs_cycle(b, res, plain)
+    with b.template_variant(lambda lines: [*_without_lxcfs(lines), *LXCFS_HOOKS]) as hooked:
+        for _ in range(min(runs, 3)):  # 0.5 s each: a few show it
+            b.checkpoint()
+            res["destroy_lxcfs_hooks"].append(_timed(b.create(hooked).destroy))
     _exec_round_trips(b, res, max(runs * 5, 20))
     _warm_pool(b, res, runs)
     measures = {k: summary(v, WHAT[k], raw=k in RAW) for k, v in res.items()}
@@ -146,6 +175,9 @@ def run(b: Bench) -> dict[str, Any]:
         compare(measures, "exec_true", "raw_openssh_controlmaster"),
         compare(measures, "exec_true", "raw_lxc_attach"),
         compare(measures, "destroy", "raw_destroy"),
+        compare(measures, "create_ssh_ready", "create_ssh_ready_no_lxcfs", against="variant"),
+        compare(measures, "destroy", "destroy_no_lxcfs", against="variant"),
+        compare(measures, "destroy_lxcfs_hooks", "destroy", against="variant"),
     ]
     return {"measures": measures, "comparisons": comparisons, "facts": {"runs": runs}}
 

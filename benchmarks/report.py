@@ -19,6 +19,11 @@ def _note(m: dict[str, Any]) -> str:
     return ""
 
 
+def _ms(value: float) -> str:
+    """Milliseconds, with three decimals below 1 ms (a DNS answer takes ~0.1 ms)."""
+    return f"{value:9.3f}" if value < 1 else f"{value:9.1f}"
+
+
 def _ratio(c: dict[str, Any]) -> str:
     return f"{c['ratio']:.2f}x"
 
@@ -47,6 +52,19 @@ def _facts(name: str, group: dict[str, Any]) -> list[str]:
                 lines.append(f"    leaked: {row['leak_detail'] + row['raw_leak_detail']}")
             if row["errors"]:
                 lines.append(f"    errors: {row['errors'][:5]}")
+    elif name == "neighbours":
+        lines.append(
+            f"  victim figures vs the same while the neighbour idles (ratio > 1: worse); worst "
+            f"{facts.get('worst_slowdown', 0):.2f}x; DNS answers lost {facts.get('dns_lost')}; conntrack "
+            f"peak {facts.get('conntrack_peak')} of {facts.get('conntrack_max')}; caps {facts.get('caps')}"
+        )
+        for phase, row in facts.get("phases", {}).items():
+            flood = {k: v for k, v in (row.get("flood") or {}).items() if k not in ("kind", "exit_code")}
+            held = f", hostile's entries {row['hostile_entries']}" if "hostile_entries" in row else ""
+            lines.append(
+                f"  {phase:10} DNS lost {row['dns_lost']}/{row['dns_asked']}, conntrack peak "
+                f"{row['conntrack_peak']}{held}{'; flood ' + str(flood) if flood else ''}"
+            )
     elif name == "pve":
         over = facts.get("api_overhead_ms", {})
         lines.append(f"  server: {facts.get('server')}")
@@ -76,7 +94,7 @@ def format_table(results: dict[str, Any], out: TextIO) -> None:
             comps = by_measure.get(key, [])
             first = comps[0] if comps else None
             out.write(
-                f"{key[:44]:44} {m['median_ms']:9.1f} {m['p90_ms']:9.1f} {m['max_ms']:9.1f}  {_note(m):10} "
+                f"{key[:44]:44} {_ms(m['median_ms'])} {_ms(m['p90_ms'])} {_ms(m['max_ms'])}  {_note(m):10} "
                 f"{(first['baseline'] if first else '')[:31]:31} {(_ratio(first) if first else ''):>7}\n"
             )
             for c in comps[1:]:

@@ -45,10 +45,11 @@ def compare(
 
     ``time``: ratio = ours / baseline of the median durations (above 1 = slower than the baseline),
     ``diff_ms`` = ours - baseline. ``throughput``: ratio = ours / baseline of MB/s (above 1 = faster).
-    ``against``: ``raw`` (the raw engine or tool) or ``variant`` (the runtime with an option turned
-    off, to show what the option costs).
+    ``against``: ``raw`` (the raw engine or tool), ``variant`` (the runtime with an option turned
+    off, to show what the option costs) or ``idle`` (the same measure while the neighbours idle, to
+    show what their load costs).
     """
-    if against not in ("raw", "variant"):
+    if against not in ("raw", "variant", "idle"):
         raise ValueError(f"unknown baseline kind {against!r}")
     ours, base = measures[measure], measures[baseline]
     if kind == "throughput":

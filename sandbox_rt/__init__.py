@@ -6,6 +6,7 @@
 ...     print(sb.exec("echo hi").text)
 """
 
+from .aio import AsyncExecStream, AsyncManager, AsyncSandbox
 from .config import Settings
 from .errors import (
     BackendError,
@@ -37,6 +38,9 @@ from .sandbox import ExecStream, Sandbox
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncExecStream",
+    "AsyncManager",
+    "AsyncSandbox",
     "BackendError",
     "CommandTimeout",
     "ConfigError",
@@ -63,4 +67,15 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotNotFound",
     "__version__",
+    "remote",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``sandbox_rt.remote`` (the HTTP API's clients) is imported on first use: httpx stays out of
+    processes that never use it."""
+    if name == "remote":
+        import importlib
+
+        return importlib.import_module(".remote", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

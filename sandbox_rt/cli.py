@@ -65,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
         sp.add_argument("--ttl", type=int, metavar="SECONDS", help="destroy by gc after this long")
         sp.add_argument("--from-snapshot", metavar="NAME", help="fork this snapshot instead of the template")
+        for flag, unit, what in (
+            ("--net-mbps", "MBIT", "network Mbit/s each way"),
+            ("--disk-mbps", "MB", "disk MB/s each of read and write"),
+            ("--disk-iops", "N", "disk operations/s each of read and write"),
+        ):
+            sp.add_argument(flag, type=int, metavar=unit, help=f"{what} (default: the host's; 0: no cap)")
 
     run = sub.add_parser("run", help="create a sandbox, run CMD (streaming), destroy it")
     spec_args(run)
@@ -139,10 +145,31 @@ def _parser() -> argparse.ArgumentParser:
         help="close a keep-alive connection idle for this long (default: %(default)s)",
     )
 
+    _mcp_args(sub.add_parser("mcp", help="an MCP server: sandboxes as tools (stdio, or HTTP with a token)"))
+
     rp = sub.add_parser("reaper", help="destroy expired sandboxes and those whose owner died, every N s")
     rp.add_argument("--interval", type=_positive_float, default=30.0, metavar="SECONDS")
     rp.add_argument("--once", action="store_true", help="one sweep (e.g. from cron), then exit")
     return p
+
+
+def _mcp_args(mc: argparse.ArgumentParser) -> None:
+    """``sandbox-rt mcp`` (sandbox_rt/api/mcp.py)."""
+    mc.add_argument("--transport", choices=("stdio", "http"), default="stdio")
+    mc.add_argument("--host", default="127.0.0.1", help="http: the address to listen on")
+    mc.add_argument("--port", type=int, default=8788, help="http: the port (0: a free one)")
+    mc.add_argument("--token-file", help="http: the bearer token's file, 0600 (else $SANDBOX_RT_API_TOKEN)")
+    mc.add_argument("--ttl", type=int, default=3600, metavar="SECONDS", help="a sandbox's TTL unless asked")
+    mc.add_argument("--max-ttl", type=int, default=86400, metavar="SECONDS", help="the longest TTL given")
+    mc.add_argument("--max-sandboxes", type=int, default=8, metavar="N", help="sandboxes per session at once")
+    mc.add_argument(
+        "--max-output", type=int, default=64 << 10, metavar="BYTES", help="output shown per stream"
+    )
+    mc.add_argument("--keep-snapshots", action="store_true", help="keep a session's snapshots after it ends")
+    mc.add_argument(
+        "--base-snapshot", action="append", default=[], metavar="NAME", help="a snapshot any session may fork"
+    )
+    mc.add_argument("--session-idle", type=_positive_float, default=1800.0, metavar="SECONDS")
 
 
 def _command(words: Sequence[str]) -> list[str]:
@@ -212,6 +239,9 @@ class _Cli:
             labels=_labels(a.label),
             ttl_s=a.ttl,
             from_snapshot=a.from_snapshot,
+            net_mbps=a.net_mbps,
+            disk_mbps=a.disk_mbps,
+            disk_iops=a.disk_iops,
             progress=self.progress,
         )
 
@@ -221,6 +251,8 @@ class _Cli:
             words = _command(a.command)  # bad usage fails before any sandbox is made
         if a.cmd == "serve":
             return self.serve()
+        if a.cmd == "mcp":
+            return self.mcp()
         mgr = Manager.from_env()
         if a.cmd == "run":
             with self._create(mgr) as sb:
@@ -336,6 +368,37 @@ class _Cli:
             limits=limits,
             on_ready=lambda url: self.progress(f"listening on {url}"),
         )
+        return 0
+
+
+    def mcp(self) -> int:
+        from .api.mcp import McpOptions, SandboxMcp
+        from .api.mcp_transport import serve_http, serve_stdio
+        from .http_api import load_token
+
+        a = self.args
+        options = McpOptions(  # bad options and a missing or unsafe token fail before anything starts
+            default_ttl_s=a.ttl,
+            max_ttl_s=a.max_ttl,
+            max_sandboxes=a.max_sandboxes,
+            max_output=a.max_output,
+            max_output_limit=max(a.max_output, McpOptions.max_output_limit),
+            keep_snapshots=a.keep_snapshots,
+            base_snapshots=tuple(a.base_snapshot),
+            session_idle_s=a.session_idle,
+        )
+        token = load_token(a.token_file) if a.transport == "http" else None
+        logging.basicConfig(level=logging.WARNING if a.quiet else logging.INFO, stream=sys.stderr)
+        logging.getLogger("paramiko").setLevel(logging.WARNING)
+        mcp = SandboxMcp(Manager.from_env(), options)
+        if token is None:
+            serve_stdio(mcp)  # stdout carries the protocol: progress and logs go to stderr
+        else:
+
+            def ready(url: str) -> None:
+                self.progress(f"MCP on {url}")
+
+            serve_http(mcp, token=token, host=a.host, port=a.port, on_ready=ready)
         return 0
 
 

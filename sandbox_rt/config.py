@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .caps import DEFAULT_DISK_IOPS, DEFAULT_DISK_MBPS, DEFAULT_NET_MBPS
 from .errors import ConfigError
 
 __all__ = ["DEFAULT_HOST_CONFIG", "Settings"]
@@ -60,6 +61,11 @@ class Settings:
     ssh_ready_timeout_s: float = 30.0
     command_timeout_s: float = 300.0
     default_ttl_s: int = 3600
+    # the host's default per-sandbox caps (create(net_mbps=, disk_mbps=, disk_iops=); 0 = none):
+    # network Mbit/s each way, disk MB/s and IOPS each way (sandbox_rt/caps.py)
+    default_net_mbps: int = DEFAULT_NET_MBPS
+    default_disk_mbps: int = DEFAULT_DISK_MBPS
+    default_disk_iops: int = DEFAULT_DISK_IOPS
     # Proxmox VE backend (backend="proxmox"); the token secret comes from the environment
     # (SANDBOX_RT_PVE_TOKEN_SECRET) or a root-only file, never from host.json.
     pve_url: str = ""
@@ -128,6 +134,9 @@ class Settings:
             )
         if self.backend not in ("lxc", "proxmox"):
             raise ConfigError(f"backend={self.backend!r} must be 'lxc' or 'proxmox'")
+        for name in ("default_net_mbps", "default_disk_mbps", "default_disk_iops"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0 (0: no cap)")
         for name in ("ssh_ready_timeout_s", "command_timeout_s", "pve_task_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0")

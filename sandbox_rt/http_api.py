@@ -161,6 +161,9 @@ class ManagerLike(Protocol):
         ttl_s: int | None = None,
         detached: bool = False,
         egress: Sequence[str] | None = None,
+        net_mbps: int | None = None,
+        disk_mbps: int | None = None,
+        disk_iops: int | None = None,
         from_snapshot: str | None = None,
     ) -> SandboxLike: ...
 
@@ -394,6 +397,9 @@ CREATE_FIELDS: dict[str, tuple[str, bool]] = {
     "detached": ("boolean", False),
     "egress": ("string_list", True),
     "from_snapshot": ("string", True),
+    "net_mbps": ("integer", True),
+    "disk_mbps": ("integer", True),
+    "disk_iops": ("integer", True),
 }
 EXEC_FIELDS: dict[str, tuple[str, bool]] = {
     "command": ("command", False),
@@ -434,6 +440,9 @@ def record_json(r: SandboxRecord) -> dict[str, Any]:
         "memory_mb": r.spec.memory_mb,
         "disk_gb": r.spec.disk_gb,
         "pids_max": r.spec.pids_max,
+        "net_mbps": r.spec.net_mbps,
+        "disk_mbps": r.spec.disk_mbps,
+        "disk_iops": r.spec.disk_iops,
     }
 
 

@@ -14,6 +14,7 @@ import copy
 from typing import Any
 
 from . import __version__
+from .caps import MAX_DISK_IOPS, MAX_DISK_MBPS, MAX_NET_MBPS
 from .limits import DEFAULT_MAX_OUTPUT, HTTP_LIMITS
 
 __all__ = ["openapi_document"]
@@ -41,6 +42,22 @@ _LABELS = {
 _NULLABLE_NUMBER = {"type": ["number", "null"]}
 _NULLABLE_INT = {"type": ["integer", "null"]}
 _SNAPSHOT_NAME = _exact("[A-Za-z][A-Za-z0-9_-]{1,39}")
+# per-sandbox caps on what sandboxes share (sandbox_rt/caps.py); 0: no cap
+_CAP_TEXT = {
+    "net_mbps": "Network bandwidth each way, Mbit/s (LXC: the runtime's SSH session is not counted).",
+    "disk_mbps": "Disk bandwidth, MB/s, each of read and write, on the host's sandbox storage.",
+    "disk_iops": "Disk operations per second, each of read and write, on the host's sandbox storage.",
+}
+_CAPS = {name: {"type": "integer", "minimum": 0, "description": text} for name, text in _CAP_TEXT.items()}
+_CAPS_REQUEST = {
+    name: {
+        "type": ["integer", "null"],
+        "minimum": 0,
+        "maximum": top,
+        "description": f"{_CAP_TEXT[name]} Default (absent or null): the host's default_{name}; 0: none.",
+    }
+    for name, top in (("net_mbps", MAX_NET_MBPS), ("disk_mbps", MAX_DISK_MBPS), ("disk_iops", MAX_DISK_IOPS))
+}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -176,6 +193,7 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Fork this snapshot (its files, a new identity) instead of the template; "
                 "404 if there is none.",
             },
+            **_CAPS_REQUEST,
         },
     },
     "ResourceUsage": {
@@ -225,6 +243,7 @@ _SCHEMAS: dict[str, Any] = {
             "labels": _LABELS,
             "expires_at": {**_NULLABLE_NUMBER, "description": "Unix time after which gc destroys it."},
             "egress": {"type": "array", "items": {"type": "string"}, "description": "The egress allow-list."},
+            **_CAPS,
         },
     },
     "SandboxInfo": {
@@ -255,6 +274,7 @@ _SCHEMAS: dict[str, Any] = {
             "memory_mb": {"type": "integer"},
             "disk_gb": {"type": "integer"},
             "pids_max": {"type": "integer"},
+            **_CAPS,
         },
     },
     "SandboxList": {

@@ -85,6 +85,9 @@ class Manager:
             base = dict(pool_spec or {})
             base["labels"] = {**dict(base.get("labels") or {}), POOL_LABEL: new_sandbox_id()[4:]}
             base.setdefault("ttl_s", self.settings.default_ttl_s)
+            base.setdefault("net_mbps", self.settings.default_net_mbps)
+            base.setdefault("disk_mbps", self.settings.default_disk_mbps)
+            base.setdefault("disk_iops", self.settings.default_disk_iops)
             pool_base = make_spec(**base)  # a bad pool spec fails here, before any thread starts
             self.key  # noqa: B018 - a missing key fails here too
             self.pool = WarmPool(pool_size, lambda: self._create_cold(pool_base, None))
@@ -126,6 +129,9 @@ class Manager:
         ttl_s: int | None = None,
         detached: bool = False,
         egress: Sequence[str] | None = None,
+        net_mbps: int | None = None,
+        disk_mbps: int | None = None,
+        disk_iops: int | None = None,
         from_snapshot: str | None = None,
         progress: Progress | None = None,
     ) -> Sandbox:
@@ -139,6 +145,9 @@ class Manager:
         domain names (resolved by the host's DNS into the sandbox's own nft set).
         ``from_snapshot`` forks the named snapshot (see :meth:`Sandbox.snapshot`): its files, a new
         identity (id, address, host key, machine-id, name); SnapshotNotFound if there is none.
+        ``net_mbps`` (Mbit/s each way), ``disk_mbps`` (MB/s) and ``disk_iops`` (each of read and
+        write) cap what it takes of the host's network and disk; None: the host's default
+        (``settings.default_*``), 0: no cap (see :mod:`sandbox_rt.caps`).
         """
         spec = make_spec(
             hostname=hostname,
@@ -151,6 +160,9 @@ class Manager:
             ttl_s=ttl_s if ttl_s is not None else self.settings.default_ttl_s,
             detached=detached,
             egress=egress,
+            net_mbps=net_mbps if net_mbps is not None else self.settings.default_net_mbps,
+            disk_mbps=disk_mbps if disk_mbps is not None else self.settings.default_disk_mbps,
+            disk_iops=disk_iops if disk_iops is not None else self.settings.default_disk_iops,
         )
         if from_snapshot is not None:  # a fork is never a warm-pool sandbox
             check_snapshot_name(from_snapshot)

@@ -73,6 +73,12 @@ class SandboxSpec:
     detached: bool = False  # no owner process: only the TTL ends it (gc --dead-owners spares it)
     # destinations reachable without internet: IPv4 addresses, networks, domain names (normalised)
     egress: tuple[str, ...] = ()
+    # caps on what the sandbox shares with its neighbours (sandbox_rt/caps.py; 0 = none):
+    # network bandwidth each way in Mbit/s, disk bandwidth (MB/s) and IOPS each way on the host's
+    # sandbox storage device
+    net_mbps: int = 0
+    disk_mbps: int = 0
+    disk_iops: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +127,9 @@ class SandboxStatus:
     labels: dict[str, str]
     expires_at: float | None
     egress: tuple[str, ...] = ()
+    net_mbps: int = 0
+    disk_mbps: int = 0
+    disk_iops: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,14 @@ forwards only the listed names and adds each answer to ``egress_<hex>_dns``; the
 ``<ip> : <port>`` in the role's map ``dns_resolvers`` sends the sandbox's DNS to it. Sandboxes without
 names in their list get no DNS; those with internet use the host's shared dnsmasq.
 
+Port binding and bandwidth (LXC, issue 26): every sandbox's bridge port (the host side of its veth,
+``sbx<hex>``) gets two chains in ``table bridge sandbox``: ``in_<hex>`` passes only frames from the
+sandbox's own MAC, IPv4 packets from its own address and ARP that claims only its own pair, then
+polices its bandwidth (``net_mbps``, not counting its SSH session with the host); ``out_<hex>``
+polices what the host sends it. The role's maps ``port_in``/``port_out`` (port name -> jump) lead
+there, and a port without an element sends nothing. They are made with the sandbox, before it
+starts, and go with it.
+
 Every change of one sandbox is one nft transaction (``nft -f -``): it either applies in full or
 leaves the live table as it was, and the files are put back when it fails. A bad list can neither
 leave the sandbox unfiltered nor touch another sandbox's chain, sets or elements.
@@ -28,9 +36,11 @@ import contextlib
 import dataclasses
 import ipaddress
 import json
+import re
 import subprocess
 from pathlib import Path
 
+from .caps import net_bytes_per_s
 from .config import Settings
 from .egress_dns import EgressResolvers, PortBusy
 from .errors import BackendError
@@ -38,10 +48,14 @@ from .filelock import file_lock
 from .network import run_nft
 from .validation import split_egress
 
-__all__ = ["DNS_RESOLVER_MAP", "EGRESS_MAP", "NetState", "SandboxNet"]
+__all__ = ["DNS_RESOLVER_MAP", "EGRESS_MAP", "PORT_IN_MAP", "PORT_OUT_MAP", "NetState", "SandboxNet"]
 
 EGRESS_MAP = "egress_sources"  # ipv4_addr : verdict, defined by the role's nft file
 DNS_RESOLVER_MAP = "dns_resolvers"  # ipv4_addr : inet_service (the sandbox's own resolver), the role's
+PORT_IN_MAP = "port_in"  # ifname : verdict in the bridge table: frames from a sandbox port, the role's
+PORT_OUT_MAP = "port_out"  # ifname : verdict in the bridge table: frames the host sends to a port
+_MAC = re.compile(r"[0-9a-f]{2}(?::[0-9a-f]{2}){5}")
+_PORT = re.compile(r"[A-Za-z0-9_-]{1,15}")
 _PORT_ATTEMPTS = 5
 
 
@@ -54,10 +68,32 @@ class SandboxNet:
     internet: bool = False
     egress: tuple[str, ...] = ()
     dns_port: int | None = None  # its own resolver's port, while the egress list has names
+    # its bridge port (the host side of its veth) and MAC, bound to ``ip``; "" = not bound (older state)
+    port: str = ""
+    mac: str = ""
+    net_mbps: int = 0  # bandwidth each way through the port, Mbit/s; 0 = no cap
 
     @property
     def chain(self) -> str:
         return "egress_" + self.sandbox_id.removeprefix("sbx-")
+
+    @property
+    def port_chains(self) -> tuple[str, str]:
+        hexid = self.sandbox_id.removeprefix("sbx-")
+        return f"in_{hexid}", f"out_{hexid}"
+
+    @property
+    def bound(self) -> bool:
+        return bool(self.port)
+
+    def same_port(self, other: SandboxNet | None) -> bool:
+        """The port objects of ``other`` are those of this state (nothing to change live)."""
+        return other is not None and (other.port, other.mac, other.ip, other.net_mbps) == (
+            self.port,
+            self.mac,
+            self.ip,
+            self.net_mbps,
+        )
 
     @property
     def names(self) -> list[str]:
@@ -65,7 +101,12 @@ class SandboxNet:
 
     @property
     def empty(self) -> bool:
-        return not self.internet and not self.egress
+        return not self.internet and not self.egress and not self.port
+
+    @property
+    def forwards(self) -> bool:
+        """It may have flows through the host (internet or an egress list)."""
+        return self.internet or bool(self.egress)
 
 
 class NetState:
@@ -78,6 +119,7 @@ class NetState:
         self.internet_set = settings.nft_internet_set
         self.resolvers = EgressResolvers(settings)
         self.home = settings.lxc_path  # recorded with each state: gc only sweeps its own backend's
+        self.host_ip = settings.gateway  # the host's address on the bridge (its SSH sessions)
 
     # -- nft -------------------------------------------------------------------------------------
     def _nft(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -98,7 +140,63 @@ class NetState:
     def fragment(self, net: SandboxNet) -> str:
         """The nft commands that (re)create ``net`` in a freshly loaded table (idempotent)."""
         lines = [f"# sandbox_rt: network state of {net.sandbox_id} (written by the runtime)"]
-        return "\n".join(lines + self._create(net)) + "\n"
+        return "\n".join(lines + self._port_create(net) + self._create(net)) + "\n"
+
+    def _port_create(self, net: SandboxNet, *, flush: bool = False) -> list[str]:
+        """Commands that bind ``net``'s port to its MAC and address and police its bandwidth (its
+        chains ``in_<hex>``/``out_<hex>`` and their elements in the role's port maps)."""
+        if not net.bound:
+            return []
+        if not _PORT.fullmatch(net.port) or not _MAC.fullmatch(net.mac):
+            raise BackendError(f"bad port {net.port!r} or MAC {net.mac!r}: {net.sandbox_id}", step="network")
+        b = f"bridge {self.table}"
+        ip = str(ipaddress.IPv4Address(net.ip))
+        host = str(ipaddress.IPv4Address(self.host_ip))
+        cin, cout = net.port_chains
+        # the role's maps (no-ops when loaded; so a runtime newer than the tables still starts sandboxes)
+        lines = [f"add map {b} {m} {{ type ifname : verdict; }}" for m in (PORT_IN_MAP, PORT_OUT_MAP)]
+        lines += [f"add chain {b} {cin}", f"add chain {b} {cout}"]
+        if flush:
+            lines += [f"flush chain {b} {cin}", f"flush chain {b} {cout}"]
+        lines += [
+            f"add rule {b} {cin} ether saddr != {net.mac} counter drop",
+            f"add rule {b} {cin} ether type != {{ ip, arp }} counter drop",
+            f"add rule {b} {cin} ether type ip ip saddr != {ip} counter drop",
+            f"add rule {b} {cin} ether type arp arp saddr ether != {net.mac} counter drop",
+            f"add rule {b} {cin} ether type arp arp saddr ip != {ip} counter drop",
+        ]
+        if net.net_mbps > 0:
+            rate = f"{net_bytes_per_s(net.net_mbps)} bytes/second"  # nft's bucket: one second at the rate
+            lines += [
+                f"add rule {b} {cin} ip daddr {host} tcp sport 22 accept",
+                f"add rule {b} {cin} limit rate over {rate} counter drop",
+                f"add rule {b} {cout} ip saddr {host} tcp dport 22 accept",
+                f"add rule {b} {cout} limit rate over {rate} counter drop",
+            ]
+        lines += [
+            f"add rule {b} {cin} accept",
+            f"add rule {b} {cout} accept",
+            f'add element {b} {PORT_IN_MAP} {{ "{net.port}" : jump {cin} }}',
+            f'add element {b} {PORT_OUT_MAP} {{ "{net.port}" : jump {cout} }}',
+        ]
+        return lines
+
+    def _port_remove(self, net: SandboxNet) -> list[str]:
+        """Commands that remove ``net``'s port objects whether or not they exist."""
+        if not net.bound:
+            return []
+        b = f"bridge {self.table}"
+        cin, cout = net.port_chains
+        lines: list[str] = []
+        for chain, port_map in ((cin, PORT_IN_MAP), (cout, PORT_OUT_MAP)):
+            lines += [
+                f"add chain {b} {chain}",
+                f'add element {b} {port_map} {{ "{net.port}" : jump {chain} }}',
+                f'delete element {b} {port_map} {{ "{net.port}" }}',
+                f"flush chain {b} {chain}",
+                f"delete chain {b} {chain}",
+            ]
+        return lines
 
     def _create(self, net: SandboxNet, *, flush_net: bool = False, flush_dns: bool = False) -> list[str]:
         """Commands that add ``net``'s objects; ``flush_*`` empty its sets first (a replaced list)."""
@@ -164,6 +262,10 @@ class NetState:
     def replace_script(self, old: SandboxNet | None, new: SandboxNet) -> str:
         """The one transaction that turns the live objects of ``old`` into those of ``new``."""
         lines = [f"# sandbox_rt: replace the network state of {new.sandbox_id}"]
+        if not new.same_port(old):
+            if old is not None and old.bound and (not new.bound or old.port != new.port):
+                lines += self._port_remove(old)
+            lines += self._port_create(new, flush=old is not None and old.port == new.port)
         if old is not None:
             old_dns = bool(old.names) and old.dns_port is not None
             new_dns = bool(new.names) and new.dns_port is not None
@@ -192,6 +294,9 @@ class NetState:
                 internet=bool(data.get("internet", False)),
                 egress=tuple(str(e) for e in data.get("egress", [])),
                 dns_port=int(port) if port is not None else None,
+                port=str(data.get("port", "")),
+                mac=str(data.get("mac", "")),
+                net_mbps=int(data.get("net_mbps", 0)),
             )
         except FileNotFoundError:
             return None
@@ -303,13 +408,13 @@ class NetState:
                 self._write(net)
 
     def remove(self, sandbox_id: str, ip: str | None) -> bool:
-        """Forget the sandbox's state: its live elements, chain and sets (one transaction), then its
-        resolver, then its files (idempotent). True if it had any (its connections should then be
-        forgotten too). A sandbox without a state file has nothing live: every change records
-        before it grants and revokes before it forgets, so destroy of a plain sandbox runs no
-        ``nft`` at all."""
+        """Forget the sandbox's state: its port objects, live elements, chain and sets (one
+        transaction), then its resolver, then its files (idempotent). True if it had internet or an
+        egress list (its forwarded connections should then be forgotten too). A sandbox without a
+        state file has nothing live: every change records before it grants and revokes before it
+        forgets, so then no ``nft`` runs at all."""
         if not self._paths(sandbox_id)[0].exists() and not self._has_resolver(sandbox_id):
-            return False  # a plain sandbox: no lock, no nft, no process
+            return False  # nothing recorded: no lock, no nft, no process
         with self._locked():
             old = self.read(sandbox_id)
             has_resolver = self._has_resolver(sandbox_id)
@@ -317,7 +422,9 @@ class NetState:
                 return False
             if old is not None:
                 net = dataclasses.replace(old, ip=ip or old.ip)
-                script = "\n".join(self._remove(net, internet=True, egress=bool(old.egress), dns=True)) + "\n"
+                lines = self._port_remove(net)
+                lines += self._remove(net, internet=True, egress=bool(old.egress), dns=True)
+                script = "\n".join(lines) + "\n"
                 proc = self._nft_script(script)
                 if proc.returncode != 0 and self._table_loaded():  # no table: nothing of it is live
                     raise BackendError(
@@ -328,7 +435,7 @@ class NetState:
                 self.resolvers.write(sandbox_id, None)
             for path in self._paths(sandbox_id):
                 path.unlink(missing_ok=True)
-            return True
+            return has_resolver or (old is not None and old.forwards)
 
     def _has_resolver(self, sandbox_id: str) -> bool:
         return self.resolvers.read(sandbox_id) is not None or self.resolvers.running(sandbox_id)

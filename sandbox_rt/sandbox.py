@@ -306,6 +306,9 @@ class Sandbox:
             labels=dict(spec.labels),
             expires_at=self.record.expires_at,
             egress=spec.egress,
+            net_mbps=spec.net_mbps,
+            disk_mbps=spec.disk_mbps,
+            disk_iops=spec.disk_iops,
         )
 
     def expose(self, port: int, *, host: str = "127.0.0.1", host_port: int = 0) -> PortForward:

@@ -8,6 +8,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .caps import (
+    DEFAULT_DISK_IOPS,
+    DEFAULT_DISK_MBPS,
+    DEFAULT_NET_MBPS,
+    MAX_DISK_IOPS,
+    MAX_DISK_MBPS,
+    MAX_NET_MBPS,
+)
 from .errors import ConfigError
 from .models import SandboxSpec
 
@@ -79,6 +87,9 @@ def make_spec(
     ttl_s: int | None = None,
     detached: bool = False,
     egress: Sequence[str] | None = None,
+    net_mbps: int = DEFAULT_NET_MBPS,
+    disk_mbps: int = DEFAULT_DISK_MBPS,
+    disk_iops: int = DEFAULT_DISK_IOPS,
     host_cpus: int | None = None,
 ) -> SandboxSpec:
     """Validate ``create`` arguments into a :class:`SandboxSpec` or raise ConfigError."""
@@ -97,6 +108,16 @@ def make_spec(
     p = _number("pids_max", pids_max, integer=True)
     if not 16 <= p <= 1 << 22:
         raise ConfigError(f"pids_max={pids_max!r} must be between 16 and {1 << 22}")
+    caps = {}
+    for cap_name, cap, top in (
+        ("net_mbps", net_mbps, MAX_NET_MBPS),
+        ("disk_mbps", disk_mbps, MAX_DISK_MBPS),
+        ("disk_iops", disk_iops, MAX_DISK_IOPS),
+    ):
+        v = _number(cap_name, cap, integer=True)
+        if not 0 <= v <= top:
+            raise ConfigError(f"{cap_name}={cap!r} must be between 0 (no cap) and {top}")
+        caps[cap_name] = int(v)
     for flag_name, flag in (("internet", internet), ("detached", detached)):
         if not isinstance(flag, bool):
             raise ConfigError(f"{flag_name}={flag!r} must be True or False")
@@ -122,6 +143,7 @@ def make_spec(
         ttl_s=int(ttl_s) if ttl_s is not None else None,
         detached=detached,
         egress=check_egress(egress),
+        **caps,
     )
 
 

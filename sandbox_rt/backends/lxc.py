@@ -28,7 +28,9 @@ import secrets
 import shutil
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,15 @@ from ..validation import SANDBOX_ID
 from .base import GcCandidate
 from .btrfs import create_subvolume, set_size_limit
 from .fstree import copy_tree, rewrite_file_beneath, sweep_stale, tree_bytes
+from .hostcaps import (
+    HostLoad,
+    allowed_cpus,
+    check_pids_budget,
+    cpu_list,
+    pick_cpus,
+    read_pid_max,
+    storage_device,
+)
 from .idmap import ID_RANGE, idmap_base_for, idmapped_bind, shift_owners, subid_ranges_cover, unmount
 from .intents import CreateMarkers
 from .owner import owner_alive, process_start_time
@@ -70,6 +81,10 @@ _OURS = (
     "lxc.cgroup2.memory.",
     "lxc.cgroup2.pids.",
     "lxc.cgroup2.cpu.",
+    "lxc.cgroup.cpuset.",
+    "lxc.cgroup2.cpuset.",
+    "lxc.cgroup.blkio.",
+    "lxc.cgroup2.io.",
 )
 _LIMIT_KEYS = tuple(k for k in _OURS if k.startswith("lxc.cgroup"))  # the limit keys among them
 _ISOLATION_KEYS = ("lxc.idmap", "lxc.rootfs.path")  # replaced per clone with isolated id maps
@@ -82,36 +97,97 @@ def cgroup_v1() -> bool:
     return (_CGROUP_ROOT / "memory" / "memory.limit_in_bytes").exists()
 
 
-def cgroup_limits(spec: SandboxSpec, *, v1: bool, memsw: bool) -> builtins.list[tuple[str, str]]:
+def cgroup_limits(
+    spec: SandboxSpec,
+    *,
+    v1: bool,
+    memsw: bool,
+    disk_device: str | None = None,
+    cpuset: str | None = None,
+) -> builtins.list[tuple[str, str]]:
     """(cgroup file, value) pairs that apply ``spec``'s limits on a v1 or v2 host (swap always 0).
 
     The same pairs go into the config before start (``lxc.cgroup[2].<file> = <value>``) and into the
-    live cgroup files when a running sandbox changes (warm pool).
+    live cgroup files when a running sandbox changes (warm pool). ``disk_device`` (``major:minor`` of
+    the disk that holds the sandboxes) gets ``disk_mbps``/``disk_iops`` (0: the cap is lifted);
+    ``cpuset`` pins the sandbox to those CPUs.
     """
     mem = str(spec.memory_mb * 1024 * 1024)
     quota = max(1000, int(spec.cpus * CPU_PERIOD_US))
+    bps, iops = spec.disk_mbps << 20, spec.disk_iops
     if v1:
         pairs = [("memory.limit_in_bytes", mem)]
         if memsw:
             pairs.append(("memory.memsw.limit_in_bytes", mem))
-        return [
-            *pairs,
+        pairs += [
             ("pids.max", str(spec.pids_max)),
             ("cpu.cfs_period_us", str(CPU_PERIOD_US)),
             ("cpu.cfs_quota_us", str(quota)),
         ]
-    return [
+        if cpuset:
+            pairs.append(("cpuset.cpus", cpuset))
+        if disk_device:
+            pairs += [
+                ("blkio.throttle.read_bps_device", f"{disk_device} {bps}"),
+                ("blkio.throttle.write_bps_device", f"{disk_device} {bps}"),
+                ("blkio.throttle.read_iops_device", f"{disk_device} {iops}"),
+                ("blkio.throttle.write_iops_device", f"{disk_device} {iops}"),
+            ]
+        return pairs
+    pairs = [
         ("memory.max", mem),
         ("memory.swap.max", "0"),
         ("pids.max", str(spec.pids_max)),
         ("cpu.max", f"{quota} {CPU_PERIOD_US}"),
     ]
+    if cpuset:
+        pairs.append(("cpuset.cpus", cpuset))
+    if disk_device:
+        b, i = (str(bps) if bps else "max"), (str(iops) if iops else "max")
+        pairs.append(("io.max", f"{disk_device} rbps={b} wbps={b} riops={i} wiops={i}"))
+    return pairs
 
 
-def cgroup_limit_lines(spec: SandboxSpec, *, v1: bool, memsw: bool) -> builtins.list[str]:
+def cgroup_limit_lines(
+    spec: SandboxSpec,
+    *,
+    v1: bool,
+    memsw: bool,
+    disk_device: str | None = None,
+    cpuset: str | None = None,
+) -> builtins.list[str]:
     """LXC config lines for ``spec``'s limits (see :func:`cgroup_limits`)."""
     prefix = "lxc.cgroup." if v1 else "lxc.cgroup2."
-    return [f"{prefix}{key} = {value}" for key, value in cgroup_limits(spec, v1=v1, memsw=memsw)]
+    pairs = cgroup_limits(spec, v1=v1, memsw=memsw, disk_device=disk_device, cpuset=cpuset)
+    return [f"{prefix}{key} = {value}" for key, value in pairs]
+
+
+class _Background:
+    """Run ``work`` in a thread for the ``with`` block; :meth:`result` waits and re-raises its
+    error. Leaving the block by an exception still waits for it (and keeps the first error)."""
+
+    def __init__(self, work: Callable[[], None]) -> None:
+        self._work = work
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="sandbox-rt-background", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self._work()
+        except BaseException as exc:  # handed to the caller by result()
+            self._error = exc
+
+    def __enter__(self) -> _Background:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._thread.join()
+
+    def result(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def _spec_to_json(spec: SandboxSpec) -> dict[str, Any]:
@@ -149,6 +225,8 @@ class LxcBackend:
         self.netstate = NetState(settings)
         self._v1 = cgroup_v1()
         self._memsw = (_CGROUP_ROOT / "memory" / "memory.memsw.limit_in_bytes").exists()
+        # the disk the sandboxes write to (their disk caps), read once; None: no block device
+        self.disk_device = storage_device(self.path)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _lxc(self, tool: str, *args: str, step: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -205,9 +283,14 @@ class LxcBackend:
         return self.settings.idmap_base
 
     def _addresses_in_use(self) -> set[str]:
-        used: set[str] = set()
+        return self._host_load().addresses
+
+    def _host_load(self, skip: str = "") -> HostLoad:
+        """Addresses, pids limits and pinned CPUs of every container of this LXC path (the
+        template has no address; only sandboxes count for pids and CPUs), except ``skip``."""
+        load = HostLoad()
         if not self.path.is_dir():
-            return used
+            return load
         for cfg in self.path.glob("*/config"):
             try:
                 lines = cfg.read_text().splitlines()
@@ -216,8 +299,26 @@ class LxcBackend:
             value = self._config_value(lines, "lxc.net.0.ipv4.address")
             if value:
                 with contextlib.suppress(ValueError):
-                    used.add(str(ipaddress.IPv4Interface(value).ip))
-        return used
+                    load.addresses.add(str(ipaddress.IPv4Interface(value).ip))
+            name = cfg.parent.name
+            if SANDBOX_ID.match(name) and name != skip:
+                values: dict[str, str] = {}
+                for line in lines:
+                    k, sep, v = line.partition("=")
+                    if sep:
+                        values[k.strip()] = v.strip()
+                load.add_sandbox(values)
+        return load
+
+    def _placement(self, sandbox_id: str, spec: SandboxSpec, load: HostLoad) -> str:
+        """Check the host's pids budget for ``spec`` and pick its CPUs (a cpu list)."""
+        check_pids_budget(spec.pids_max, load.pids, read_pid_max())
+        return cpu_list(pick_cpus(spec.cpus, allowed_cpus(_CGROUP_ROOT, self._v1), load.cpu_load))
+
+    def _limit_lines(self, spec: SandboxSpec, cpuset: str) -> builtins.list[str]:
+        return cgroup_limit_lines(
+            spec, v1=self._v1, memsw=self._memsw, disk_device=self.disk_device, cpuset=cpuset or None
+        )
 
     # -- create steps ----------------------------------------------------------------------------
     def begin(self, sandbox_id: str) -> None:
@@ -252,10 +353,15 @@ class LxcBackend:
         isolated = self.settings.idmap_isolated
         ours = (*_OURS, *_ISOLATION_KEYS) if isolated else _OURS
         lines = [ln for ln in self._config_lines(cdir) if not ln.strip().startswith(ours)]
-        limits = cgroup_limit_lines(spec, v1=self._v1, memsw=self._memsw)
         upper = self._rootfs_dirs(cdir)[1]
+        seen: list[HostLoad] = []
+
+        def in_use() -> set[str]:  # under the pool's lock, like commit
+            seen.append(self._host_load(skip=sandbox_id))
+            return seen[-1].addresses
 
         def commit(ip: str) -> None:
+            limits = self._limit_lines(spec, self._placement(sandbox_id, spec, seen[-1]))
             own: list[str] = []
             if isolated:
                 base = self._isolated_base(ip)
@@ -278,7 +384,7 @@ class LxcBackend:
             tmp.write_text("\n".join([*lines, *extra]) + "\n")
             tmp.replace(cdir / "config")
 
-        ip = self.pool.allocate(self._addresses_in_use, commit)
+        ip = self.pool.allocate(in_use, commit)
         if isolated:
             self._own_ids(cdir, upper)
         host_pub = self._seed_rootfs(cdir, hostname, ip)
@@ -297,7 +403,15 @@ class LxcBackend:
             backend=self.name,
         )
         self._write_record(record, owner_start=process_start_time(pid))
+        # its port may send only as itself, within its bandwidth, from its first frame on
+        self.netstate.apply(self._port_state(sandbox_id, ip, spec))
         return record
+
+    def _port_state(self, sandbox_id: str, ip: str, spec: SandboxSpec) -> SandboxNet:
+        old = self.netstate.read(sandbox_id) or SandboxNet(sandbox_id, ip)
+        return dataclasses.replace(
+            old, ip=ip, port=f"sbx{sandbox_id[4:]}", mac=mac_for_ip(ip), net_mbps=spec.net_mbps
+        )
 
     def _seed_rootfs(self, cdir: Path, hostname: str, ip: str) -> str:
         """Write per-clone identity into the overlay delta: host key, machine-id, names, resolver."""
@@ -447,19 +561,25 @@ class LxcBackend:
         pid = self._init_pid(sid)
         if pid is None:
             raise BackendError(f"{sid} is not running", step="update")
-        self._apply_live_limits(sid, spec)
-        self._limit_disk(sid, spec)
         cdir = self._dir(sid)
-        lines = [ln for ln in self._config_lines(cdir) if not ln.strip().startswith(_LIMIT_KEYS)]
-        lines += cgroup_limit_lines(spec, v1=self._v1, memsw=self._memsw)
         hostname = spec.hostname or record.hostname
+        with self.pool.locked():  # the pids budget and CPU placement read every config
+            cpuset = self._placement(sid, spec, self._host_load(skip=sid))
+            self._apply_live_limits(sid, spec, cpuset)
+            lines = [ln for ln in self._config_lines(cdir) if not ln.strip().startswith(_LIMIT_KEYS)]
+            lines += self._limit_lines(spec, cpuset)
+            if hostname != record.hostname:
+                lines = [ln for ln in lines if not ln.strip().startswith("lxc.uts.name")]
+                lines.append(f"lxc.uts.name = {hostname}")
+            tmp = cdir / "config.new"
+            tmp.write_text("\n".join(lines) + "\n")
+            tmp.replace(cdir / "config")
+        self._limit_disk(sid, spec)
         if hostname != record.hostname:
             self._set_hostname(pid, record.ip, hostname)
-            lines = [ln for ln in lines if not ln.strip().startswith("lxc.uts.name")]
-            lines.append(f"lxc.uts.name = {hostname}")
-        tmp = cdir / "config.new"
-        tmp.write_text("\n".join(lines) + "\n")
-        tmp.replace(cdir / "config")
+        port = self._port_state(sid, record.ip, spec)
+        if not port.same_port(self.netstate.read(sid)):
+            self.netstate.apply(port)
         now = time.time()
         new = dataclasses.replace(
             record,
@@ -488,8 +608,10 @@ class LxcBackend:
         controller = key.split(".", 1)[0]
         return _CGROUP_ROOT / controller / group
 
-    def _apply_live_limits(self, sandbox_id: str, spec: SandboxSpec) -> None:
-        pairs = cgroup_limits(spec, v1=self._v1, memsw=self._memsw)
+    def _apply_live_limits(self, sandbox_id: str, spec: SandboxSpec, cpuset: str) -> None:
+        pairs = cgroup_limits(
+            spec, v1=self._v1, memsw=self._memsw, disk_device=self.disk_device, cpuset=cpuset or None
+        )
         pending = list(pairs)
         # v1 refuses memory > memsw and memsw < memory: retry the order that the kernel accepts
         for _round in range(2):
@@ -531,21 +653,23 @@ class LxcBackend:
         if (cdir / "config").exists():
             addr = self._config_value(self._config_lines(cdir), "lxc.net.0.ipv4.address")
             ip = str(ipaddress.IPv4Interface(addr).ip) if addr else None
-        with contextlib.suppress(BackendError):  # the table may be gone; the address goes with the CT
-            if self.netstate.remove(sandbox_id, ip) and ip is not None:
-                self._forget_connections(ip)
+        # the network state goes while the container stops (an nft removal waits for the kernel's
+        # RCU grace period, ~10 ms); both are done before lxc-destroy frees the address
+        with _Background(lambda: self._forget_network(sandbox_id, ip)) as network_gone:
+            if existed:
+                with contextlib.suppress(OSError):  # a start that died half-way may leave it mounted
+                    unmount(cdir / LOWER_MOUNT)
+                if self.state(sandbox_id) != "stopped":
+                    proc = subprocess.run(
+                        ["lxc-stop", "-P", str(self.path), "-n", sandbox_id, "-k"],
+                        capture_output=True,
+                        text=True,
+                        timeout=60,
+                    )
+                    if proc.returncode != 0 and self.state(sandbox_id) == "running":
+                        raise BackendError(f"cannot stop {sandbox_id}", step="destroy", detail=proc.stderr)
+        network_gone.result()
         if existed:
-            with contextlib.suppress(OSError):  # a start that died half-way may leave it mounted
-                unmount(cdir / LOWER_MOUNT)
-            if self.state(sandbox_id) != "stopped":
-                proc = subprocess.run(
-                    ["lxc-stop", "-P", str(self.path), "-n", sandbox_id, "-k"],
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                )
-                if proc.returncode != 0 and self.state(sandbox_id) == "running":
-                    raise BackendError(f"cannot stop {sandbox_id}", step="destroy", detail=proc.stderr)
             if (cdir / "config").exists():
                 proc = subprocess.run(
                     ["lxc-destroy", "-P", str(self.path), "-n", sandbox_id],
@@ -560,6 +684,11 @@ class LxcBackend:
                 shutil.rmtree(cdir)
         self.end(sandbox_id)
         return existed
+
+    def _forget_network(self, sandbox_id: str, ip: str | None) -> None:
+        with contextlib.suppress(BackendError):  # the table may be gone; the address goes with the CT
+            if self.netstate.remove(sandbox_id, ip) and ip is not None:
+                self._forget_connections(ip)
 
     # -- queries ---------------------------------------------------------------------------------
     def get(self, sandbox_id: str) -> SandboxRecord:

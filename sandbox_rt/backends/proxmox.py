@@ -389,10 +389,7 @@ class ProxmoxBackend:
             tags = [TAG, sandbox_id, f"ip-{ip}"]
             if record.expires_at:
                 tags.append(f"exp-{int(record.expires_at)}")
-            net0 = (
-                f"name=eth0,bridge={self.settings.bridge},ip={ip}/{self.net.prefixlen},"
-                f"gw={self.settings.gateway},hwaddr={mac_for_ip(ip).upper()},firewall=1"
-            )
+            net0 = self._net0(ip, spec)
             config = {
                 "cores": max(1, int(-(-spec.cpus // 1))),
                 "cpulimit": f"{spec.cpus:g}",
@@ -411,6 +408,18 @@ class ProxmoxBackend:
         self._setup_firewall(node, vmid, spec.internet)
         return record
 
+    def _net0(self, ip: str, spec: SandboxSpec) -> str:
+        """The CT's NIC: its static address and MAC (bound to its port by the firewall's ipfilter and
+        macfilter) and its bandwidth: ``rate`` in MB/s as PVE counts them (2^20 bytes), from
+        ``net_mbps`` (10^6 bits); PVE's tc shapes everything through the NIC, SSH included."""
+        net0 = (
+            f"name=eth0,bridge={self.settings.bridge},ip={ip}/{self.net.prefixlen},"
+            f"gw={self.settings.gateway},hwaddr={mac_for_ip(ip).upper()},firewall=1"
+        )
+        if spec.net_mbps > 0:
+            net0 += f",rate={max(0.001, round(spec.net_mbps * 1e6 / 8 / (1 << 20), 3)):g}"
+        return net0
+
     def _resize(self, node: str, vmid: int, disk_gb: int) -> None:
         ct = self._ct(node, vmid)
         conf = self._call("resize", lambda: ct.config.get())
@@ -428,6 +437,8 @@ class ProxmoxBackend:
         for rule in (
             {"proto": "tcp", "dport": "80,443"},
             {"proto": "udp", "dport": "53", "dest": self.settings.dns_server},
+            # DNS over TCP too (answers too large for UDP), as the embedded default allows (SBX-NET-11)
+            {"proto": "tcp", "dport": "53", "dest": self.settings.dns_server},
         ):
             self._call(
                 "firewall",
@@ -476,6 +487,7 @@ class ProxmoxBackend:
             "cores": max(1, int(-(-spec.cpus // 1))),
             "cpulimit": f"{spec.cpus:g}",
             "memory": spec.memory_mb,
+            "net0": self._net0(record.ip, spec),  # a warm CT handed out with another net_mbps
             "hostname": hostname,
             "tags": ";".join(tags),
             "description": description,

@@ -34,6 +34,7 @@ from sandbox_rt.network import NftInternetSet
 
 from . import seccomp_filter
 from .hosts import pinned_client
+from .sites import Site, local_site
 from .testnet import SimNet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,8 +77,9 @@ def require(control: str, ok: object, message: str) -> None:
 @dataclasses.dataclass
 class Target:
     """A sandbox and the ways into it: the runtime API, testinfra as the user (pinned SSH) and as
-    container root (lxc-attach). ``container`` is its LXC container on this host: the sandbox id on
-    the embedded default, the test server engine's container for a PVE-backed sandbox."""
+    container root (lxc-attach). ``container`` is its LXC container: the sandbox id on the embedded
+    default, the test server engine's container or the CT's VMID (in the emulated PVE node) for a
+    PVE-backed sandbox; ``site`` says where that container lives (None: this machine's LXC path)."""
 
     sb: sandbox_rt.Sandbox
     user: Host
@@ -85,6 +87,7 @@ class Target:
     known_hosts: Path
     settings: sandbox_rt.Settings
     container: str = ""
+    site: Site | None = None
 
     @property
     def id(self) -> str:
@@ -97,6 +100,17 @@ class Target:
     @property
     def ip(self) -> str:
         return self.sb.ip
+
+
+def site_of(t: Target) -> Site:
+    """Where ``t``'s container lives (a target made without a site: this machine's LXC path)."""
+    return t.site if t.site is not None else local_site(t.settings)
+
+
+def ct_config_values(t: Target, key: str) -> list[str]:
+    """``key``'s values in the LXC config of ``t``'s container, wherever it lives."""
+    site = site_of(t)
+    return config_values(t.ct, key, site.lxc_dir)
 
 
 @functools.cache
@@ -114,19 +128,11 @@ def run_user(t: Target, command: str, timeout: float = 30) -> sandbox_rt.ExecRes
 
 
 def run_root(t: Target, command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return host_run(
-        "lxc-attach",
-        "-P",
-        str(t.settings.lxc_path),
-        "-n",
-        t.ct,
-        "--clear-env",
-        "--",
-        "/bin/sh",
-        "-c",
-        command,
+    site = site_of(t)
+    return site.run(
+        "lxc-attach", "-P", site.lxc_path, "-n", t.ct, "--clear-env", "--", "/bin/sh", "-c", command,
         timeout=timeout,
-    )
+    )  # fmt: skip
 
 
 def _ensure_probe(t: Target) -> None:
@@ -164,9 +170,8 @@ def sweep(t: Target, targets: Iterable[str], timeout: float = 1.5) -> set[tuple[
 
 
 def init_pid(t: Target) -> int:
-    out = host_run("lxc-info", "-P", str(t.settings.lxc_path), "-n", t.ct, "-p", "-H").stdout.strip()
-    assert out.isdigit(), f"{t.ct} has no init pid ({out!r})"
-    return int(out)
+    """PID 1 of the sandbox, as this machine numbers it."""
+    return site_of(t).init_pid(t.ct)
 
 
 def proc_status(pid: int | str) -> dict[str, str]:
@@ -186,14 +191,17 @@ def config_values(sandbox_id: str, key: str, lxc_path: Path) -> list[str]:
     return out
 
 
-def cgroup_dir(sandbox_id: str, controller: str) -> Path:
-    group = f"lxc.payload.{sandbox_id}"
+def cgroup_dir(sandbox: Target | str, controller: str) -> Path:
+    """The cgroup of a sandbox (a Target, wherever it runs; or a sandbox id on this machine)."""
+    if isinstance(sandbox, Target):
+        return site_of(sandbox).cgroup_dir(sandbox.ct, controller)
+    group = f"lxc.payload.{sandbox}"
     return CGROUP / controller / group if CGROUP_V1 else CGROUP / group
 
 
-def cgroup_read(sandbox_id: str, controller: str, v1_file: str, v2_file: str) -> str:
+def cgroup_read(sandbox: Target | str, controller: str, v1_file: str, v2_file: str) -> str:
     name = v1_file if CGROUP_V1 else v2_file
-    return (cgroup_dir(sandbox_id, controller) / name).read_text().strip()
+    return (cgroup_dir(sandbox, controller) / name).read_text().strip()
 
 
 def sshd_settings(t: Target) -> dict[str, list[str]]:
@@ -543,6 +551,52 @@ def check_runtime_key_scoped(settings: sandbox_rt.Settings, host: Host) -> None:
     require(c, settings.ssh_user != "root", "the runtime logs in as root")
 
 
+# Privileges that administer PVE itself: the runtime's token must hold none, anywhere.
+PVE_ADMIN_PRIVILEGES = frozenset(
+    {
+        "Permissions.Modify", "User.Modify", "Group.Allocate", "Realm.Allocate", "Realm.AllocateUser",
+        "Sys.Modify", "Sys.PowerMgmt", "Sys.Console", "Sys.Syslog", "Sys.Incoming", "Pool.Allocate",
+        "Datastore.Allocate", "SDN.Allocate", "Mapping.Modify",
+    }
+)  # fmt: skip
+
+
+def check_token_scoped(settings: sandbox_rt.Settings, admin: Any) -> None:
+    """SBX-ACC-01 on PVE: the runtime's API token (privilege-separated) changes guests only in its
+    pool, may only clone and read the template, only audit the datacenter (/), administers nothing;
+    changing the template is refused with 403."""
+    from proxmoxer.core import ResourceException
+
+    c = "SBX-ACC-01"
+    api: Any = getattr(sandbox_rt.Manager(settings).backend, "api")  # noqa: B009 (the PVE backend's)
+    pool, template = f"/pool/{settings.pve_pool}", f"/vms/{settings.pve_template_vmid}"
+    perms: dict[str, dict[str, int]] = api.access.permissions.get()
+    # the pool's members as the admin sees them (the token may not audit its pool)
+    members = {f"/vms/{m['vmid']}" for m in admin.pools(settings.pve_pool).get().get("members", [])}
+    guests = api.cluster.resources.get(type="vm")
+    assert "VM.Allocate" in perms.get(pool, {}), f"precondition: the token works in {pool} ({perms})"
+    for path, privs in perms.items():
+        admin = sorted(set(privs) & PVE_ADMIN_PRIVILEGES)
+        require(c, not admin, f"the token holds {admin} on {path}")
+        # PVE checks guest privileges on /vms/<vmid> (inherited from /vms, /, or the guest's pool: the
+        # pool's members are listed with them); the role's VM.* on its storage and bridge paths reach
+        # no guest
+        changes = sorted(p for p in privs if p.startswith(("VM.Config", "VM.Allocate", "VM.PowerMgmt")))
+        foreign = path in ("/", "/vms") or (path.startswith("/vms/") and path not in members)
+        require(c, not (changes and foreign), f"the token may change guests on {path}: {changes}")
+    require(c, set(perms.get("/", {})) <= {"Sys.Audit"}, f"the token's privileges on /: {perms.get('/')}")
+    on_template = set(perms.get(template, {}))
+    require(c, on_template <= {"VM.Clone", "VM.Audit"}, f"privileges on {template}: {on_template}")
+    vmid = settings.pve_template_vmid
+    node = next(str(r["node"]) for r in guests if r.get("vmid") == vmid)
+    try:  # a wrong digest: were it allowed, the write would still fail (and change nothing)
+        api.nodes(node).lxc(vmid).config.put(description="hardening", digest="0" * 40)
+    except ResourceException as exc:
+        require(c, exc.status_code == 403, f"changing the template failed, but not for permissions: {exc}")
+        return
+    violated(c, "the token changed the template's config")
+
+
 # -- SBX-NET --------------------------------------------------------------------------------------
 def check_bridge_ports(bridge: str, host: Host) -> None:
     c = "SBX-NET-01"
@@ -630,8 +684,11 @@ def wait_hold(t: Target, log: Path, pred: Any, timeout: float) -> list[str]:
         time.sleep(0.2)
 
 
-def check_internet_toggle(t: Target, net: SimNet, nft: NftInternetSet) -> None:
-    """SBX-NET-05: off -> on (works) -> off (blocked, and an open connection dies)."""
+def check_internet_toggle(
+    t: Target, net: SimNet, nft: NftInternetSet, open_connection_dies: bool = True
+) -> None:
+    """SBX-NET-05: off -> on (works) -> off (blocked, and an open connection dies). With
+    ``open_connection_dies=False`` (a PVE waiver's statement) the open connection must survive."""
     c = "SBX-NET-05"
     check_no_internet(t, net, nft)
     t.sb.set_internet(True)
@@ -641,12 +698,20 @@ def check_internet_toggle(t: Target, net: SimNet, nft: NftInternetSet) -> None:
         lines = wait_hold(t, log, lambda ls: sum(" ok" in ln for ln in ls) >= 3, 10)
         assert sum(" ok" in ln for ln in lines) >= 3, f"the held connection never worked: {lines}"
         t.sb.set_internet(False)
-        lines = wait_hold(t, log, lambda ls: any("FAIL" in ln for ln in ls), 8)
-        require(
-            c,
-            any("FAIL" in ln for ln in lines),
-            f"the open connection survived set_internet(False): {lines[-3:]}",
-        )
+        if open_connection_dies:
+            lines = wait_hold(t, log, lambda ls: any("FAIL" in ln for ln in ls), 8)
+            require(
+                c,
+                any("FAIL" in ln for ln in lines),
+                f"the open connection survived set_internet(False): {lines[-3:]}",
+            )
+        else:  # the waiver's statement: it lives on (its next echoes still come back)
+            seen = len(hold_log(t, log))
+            lines = wait_hold(t, log, lambda ls: sum(" ok" in ln for ln in ls[seen:]) >= 3, 10)
+            fresh = lines[seen:]
+            assert sum(" ok" in ln for ln in fresh) >= 3 and not any("FAIL" in ln for ln in fresh), (
+                f"the open connection died after set_internet(False) ({fresh[-3:]}): the waiver is stale"
+            )
     try:
         check_no_internet(t, net, nft)
     except Violation as exc:
@@ -771,7 +836,7 @@ def check_no_spoofing(a: Target, b: Target, net: SimNet) -> None:
         require(c, "Operation not permitted" in str(sent["error"]), f"spoof probe failed: {sent}")
         return
     time.sleep(0.3)
-    flows = host_run("conntrack", "-L", "-s", b.ip, "-p", "tcp", "--sport", str(sport)).stdout.strip()
+    flows = net.host_conntrack("-s", b.ip, "-p", "tcp", "--sport", str(sport)).strip()
     require(c, not flows, f"{a.ip} sent a packet as {b.ip} and the host forwarded it: {flows}")
 
 
@@ -794,31 +859,31 @@ def check_sweep(t: Target, targets: Iterable[str], allowed: set[tuple[str, int]]
 # -- SBX-RES --------------------------------------------------------------------------------------
 def check_pids_fenced(t: Target, limit: int) -> None:
     c = "SBX-RES-01"
-    value = cgroup_read(t.id, "pids", "pids.max", "pids.max")
+    value = cgroup_read(t, "pids", "pids.max", "pids.max")
     require(c, value != "max" and int(value) <= limit, f"pids.max is {value}, expected <= {limit}")
 
 
 def check_memory_limited(t: Target, memory_mb: int) -> None:
     c = "SBX-RES-02"
-    value = int(cgroup_read(t.id, "memory", "memory.limit_in_bytes", "memory.max"))
+    value = int(cgroup_read(t, "memory", "memory.limit_in_bytes", "memory.max"))
     require(c, value <= memory_mb << 20, f"memory limit {value} > {memory_mb} MB")
 
 
 def check_no_swap(t: Target) -> None:
     c = "SBX-RES-03"
     if CGROUP_V1:
-        mem = cgroup_read(t.id, "memory", "memory.limit_in_bytes", "")
-        memsw = cgroup_read(t.id, "memory", "memory.memsw.limit_in_bytes", "")
+        mem = cgroup_read(t, "memory", "memory.limit_in_bytes", "")
+        memsw = cgroup_read(t, "memory", "memory.memsw.limit_in_bytes", "")
         require(c, memsw == mem, f"memory+swap {memsw} != memory {mem}: the sandbox may swap")
     else:
-        swap = cgroup_read(t.id, "memory", "", "memory.swap.max")
+        swap = cgroup_read(t, "memory", "", "memory.swap.max")
         require(c, swap == "0", f"memory.swap.max is {swap}")
 
 
-def cpu_seconds(sandbox_id: str) -> float:
+def cpu_seconds(sandbox: Target | str) -> float:
     if CGROUP_V1:
-        return int(cgroup_read(sandbox_id, "cpuacct", "cpuacct.usage", "")) / 1e9
-    for line in cgroup_read(sandbox_id, "cpu", "", "cpu.stat").splitlines():
+        return int(cgroup_read(sandbox, "cpuacct", "cpuacct.usage", "")) / 1e9
+    for line in cgroup_read(sandbox, "cpu", "", "cpu.stat").splitlines():
         if line.startswith("usage_usec"):
             return int(line.split()[1]) / 1e6
     raise AssertionError("no usage_usec in cpu.stat")
@@ -827,9 +892,9 @@ def cpu_seconds(sandbox_id: str) -> float:
 def check_cpu_quota(t: Target, cpus: float, seconds: float = 3.0) -> float:
     """Two busy loops for ``seconds``; the CPU-seconds per second the cgroup got."""
     c = "SBX-RES-04"
-    before, t0 = cpu_seconds(t.id), time.monotonic()
+    before, t0 = cpu_seconds(t), time.monotonic()
     run_user(t, f"timeout {seconds} sh -c 'yes >/dev/null & yes >/dev/null & wait'", timeout=seconds + 30)
-    used, wall = cpu_seconds(t.id) - before, time.monotonic() - t0
+    used, wall = cpu_seconds(t) - before, time.monotonic() - t0
     ratio = used / wall
     assert ratio > cpus * 0.5, f"precondition: the hog ran ({ratio:.2f} CPU/s)"
     require(c, ratio <= cpus + 0.1, f"{ratio:.2f} CPU-seconds per second with cpus={cpus}")
@@ -880,7 +945,7 @@ class Sampler:
 
 
 def _events(t: Target, controller: str, v1_file: str, v2_file: str, key: str) -> int:
-    for line in cgroup_read(t.id, controller, v1_file, v2_file).splitlines():
+    for line in cgroup_read(t, controller, v1_file, v2_file).splitlines():
         name, _, value = line.partition(" ")
         if name == key:
             return int(value)
@@ -898,12 +963,13 @@ def _alive(t: Target) -> bool:
     return False
 
 
-def check_fork_bomb_contained(t: Target, limit: int) -> None:
-    """SBX-RES-01: a bounded fork bomb hits the pids limit; the host forks on; the sandbox lives."""
+def check_fork_bomb_contained(t: Target, limit: int, by_pids_limit: bool = True) -> None:
+    """SBX-RES-01: a bounded fork bomb hits the pids limit; the host forks on; the sandbox lives.
+    ``by_pids_limit=False``: the login's nproc limit (SBX-LIM-01) stops it below ``limit`` first."""
     c = "SBX-RES-01"
     check_pids_fenced(t, limit)
     fired_before = _events(t, "pids", "pids.events", "pids.events", "max")
-    pids = cgroup_dir(t.id, "pids") / "pids.current"
+    pids = cgroup_dir(t, "pids") / "pids.current"
     host_forks: list[float] = []
     with Sampler(lambda: int(pids.read_text())) as sampled:
         # bounded: the bomb's first bash returns at once and its children outlive any `timeout`,
@@ -918,8 +984,13 @@ def check_fork_bomb_contained(t: Target, limit: int) -> None:
         )
         bomb.start()
         deadline = time.monotonic() + 8
-        while _events(t, "pids", "pids.events", "pids.events", "max") == fired_before:
-            assert time.monotonic() < deadline, "precondition: the bomb reached the pids limit"
+        nproc = int(role_defaults("sandbox_template")["sandbox_template_nproc_soft"])
+        while (
+            _events(t, "pids", "pids.events", "pids.events", "max") == fired_before
+            if by_pids_limit
+            else max(sampled.values) < nproc * 3 // 4  # the bomb multiplied up to the nproc limit
+        ):
+            assert time.monotonic() < deadline, "precondition: the bomb reached its limit"
             time.sleep(0.05)
         for _ in range(20):  # the host still forks, at once
             t0 = time.monotonic()
@@ -927,7 +998,7 @@ def check_fork_bomb_contained(t: Target, limit: int) -> None:
             host_forks.append(time.monotonic() - t0)
         bomb.join(timeout=60)
     fired = _events(t, "pids", "pids.events", "pids.events", "max") - fired_before
-    assert fired > 0, "precondition: the bomb reached the pids limit"
+    assert fired > 0 or not by_pids_limit, "precondition: the bomb reached the pids limit"
     require(c, max(sampled.values) <= limit, f"{max(sampled.values)} pids > limit {limit}")
     require(c, max(host_forks) < 1.0, f"host fork took {max(host_forks):.2f} s")
     require(c, _alive(t), "the sandbox did not survive the fork bomb")
@@ -944,7 +1015,7 @@ def check_oom_contained(t: Target, memory_mb: int) -> None:
     require(c, killed, f"1 GiB allocated in a {memory_mb} MB sandbox: {r}")
     kills = _events(t, "memory", "memory.oom_control", "memory.events", "oom_kill") - kills_before
     require(c, kills >= 1, "no OOM kill in the sandbox's cgroup")
-    peak = int(cgroup_read(t.id, "memory", "memory.max_usage_in_bytes", "memory.peak"))
+    peak = int(cgroup_read(t, "memory", "memory.max_usage_in_bytes", "memory.peak"))
     require(c, peak <= memory_mb << 20, f"the sandbox used {peak >> 20} MB, over its {memory_mb} MB")
     # coarse (other work on this host moves it too): far less than the 1 GiB asked for left the host
     drop_mb = (host_mem.values[0] - min(host_mem.values)) / 1024
@@ -961,7 +1032,7 @@ def check_unprivileged(t: Target) -> None:
     isolated = t.sb.record.backend == "lxc" and s.idmap_isolated
     base = idmap_base_for(t.ip, s.ip_pool_start, s.idmap_base) if isolated else s.idmap_base
     require(c, base >= s.idmap_base >= 65536, f"container root would be host uid {base}")
-    maps = config_values(t.id, "lxc.idmap", s.lxc_path)
+    maps = ct_config_values(t, "lxc.idmap")
     want = [f"u 0 {base} {s.idmap_size}", f"g 0 {base} {s.idmap_size}"]
     require(c, sorted(maps) == sorted(want), f"lxc.idmap {maps}")
     uids = proc_status(init_pid(t))["Uid"].split()
@@ -1019,11 +1090,11 @@ def check_no_block_devices(t: Target) -> None:
     run_root(t, "rm -f /tmp/.blk /tmp/.blk2")
     require(c, not ok, f"container root made block devices: {ok}")
     if CGROUP_V1:
-        rules = (cgroup_dir(t.id, "devices") / "devices.list").read_text().split("\n")
+        rules = (cgroup_dir(t, "devices") / "devices.list").read_text().split("\n")
         bad = [r for r in rules if r.startswith(("a ", "b ")) and set(r.split()[-1]) & set("rw")]
         require(c, not bad, f"the devices cgroup allows {bad}")
     else:
-        deny = config_values(t.id, "lxc.cgroup2.devices.deny", t.settings.lxc_path)
+        deny = ct_config_values(t, "lxc.cgroup2.devices.deny")
         require(c, "a" in deny, "no lxc.cgroup2.devices.deny = a")
 
 
@@ -1094,7 +1165,7 @@ def check_host_proc_hidden(t: Target, marker: str, marker_pid: int) -> None:
 def check_caps_dropped(t: Target) -> None:
     c = "SBX-ESC-10"
     want = set(role_defaults("template_build")["template_build_cap_drop"])
-    configured = set(" ".join(config_values(t.id, "lxc.cap.drop", t.settings.lxc_path)).split())
+    configured = set(" ".join(ct_config_values(t, "lxc.cap.drop")).split())
     require(c, want <= configured, f"lxc.cap.drop lacks {sorted(want - configured)}")
     bnd = int(proc_status(init_pid(t))["CapBnd"], 16)
     kept = sorted(cap for cap in want if bnd & (1 << CAPS[cap]))
@@ -1118,10 +1189,10 @@ def check_seccomp(t: Target) -> None:
     require(c, refused, f"the loaded filter answers umount2 with {umount}")
     d = role_defaults("template_build")
     want = d["template_build_seccomp_profile"]
-    profile = config_values(t.ct, "lxc.seccomp.profile", t.settings.lxc_path)
+    profile = ct_config_values(t, "lxc.seccomp.profile")
     require(c, profile == [want], f"lxc.seccomp.profile is {profile}, not {want}")
     shipped = (REPO / "roles" / "template_build" / "files" / d["template_build_seccomp_source"]).read_bytes()
-    require(c, Path(want).read_bytes() == shipped, f"{want} differs from the role's profile")
+    require(c, site_of(t).path(want).read_bytes() == shipped, f"{want} differs from the role's profile")
 
 
 # -- SBX-ESC: the kernel surface (seccomp families, the userns lock, no_new_privs) ----------------
@@ -1209,9 +1280,13 @@ def check_userns_lock(t: Target) -> None:
     require(c, not raised, "the user or container root raised user.max_user_namespaces")
     after = run_root(t, f"cat {knob}").stdout.strip()
     require(c, after == "0", f"{knob} is {after!r} after the attempts")
-    hook = config_values(t.ct, "lxc.hook.start-host", t.settings.lxc_path)
-    want = role_defaults("template_build")["template_build_userns_lock_hook"]
-    require(c, want in hook, f"lxc.hook.start-host is {hook}, not {want}")
+    d = role_defaults("template_build")
+    if site_of(t).is_pve:  # pve-container refuses lxc.hook.start-host: the template's raw mount hook
+        key, want = "lxc.hook.mount", d["template_build_proxmox_ct_hook"]
+    else:
+        key, want = "lxc.hook.start-host", d["template_build_userns_lock_hook"]
+    hook = ct_config_values(t, key)
+    require(c, want in hook, f"{key} is {hook}, not {want}")
 
 
 def check_no_new_privs(t: Target) -> None:
@@ -1226,15 +1301,19 @@ def check_no_new_privs(t: Target) -> None:
     mine = run_user(t, "grep '^NoNewPrivs:' /proc/self/status").text.split()[-1:]
     require(c, mine == ["1"], f"the user's shell has NoNewPrivs {mine}")
     require(c, proc_status(init_pid(t)).get("NoNewPrivs") == "1", "PID 1 lacks NoNewPrivs")
-    nnp = config_values(t.ct, "lxc.no_new_privs", t.settings.lxc_path)
-    require(c, nnp == ["1"], f"lxc.no_new_privs is {nnp}")
+    nnp = ct_config_values(t, "lxc.no_new_privs")
+    if site_of(t).is_pve:  # pve-container refuses the key: PID 1 (sandbox-init) sets the flag
+        init = t.root.file("/sbin/sandbox-init").content_string
+        require(c, "--no-new-privs" in init, "/sbin/sandbox-init does not set no_new_privs")
+    else:
+        require(c, nnp == ["1"], f"lxc.no_new_privs is {nnp}")
 
 
 def check_no_nesting(t: Target) -> None:
     c = "SBX-ESC-12"
-    cfg = (t.settings.lxc_path / t.id / "config").read_text()
+    cfg = site_of(t).config_file(t.ct).read_text()
     require(c, "nesting.conf" not in cfg, "the config includes nesting.conf")
-    auto = " ".join(config_values(t.id, "lxc.mount.auto", t.settings.lxc_path)).split()
+    auto = " ".join(ct_config_values(t, "lxc.mount.auto")).split()
     rw = [
         a for a in auto if a in ("proc:rw", "sys:rw", "cgroup:rw", "cgroup-full:rw") or a in ("proc", "sys")
     ]
@@ -1299,6 +1378,12 @@ def leftovers(fp: Footprint, nft: NftInternetSet) -> list[str]:
             left.append(f"cgroup {group}")
     if fp.port and host_run("ip", "link", "show", "dev", fp.port).returncode == 0:
         left.append(f"veth {fp.port}")
+    # the port binding (issue 26): its chains and map elements in the bridge table
+    bridge = host_run("nft", "list", "table", "bridge", nft.table).stdout
+    hexid = fp.id.removeprefix("sbx-")
+    for what in (f"chain in_{hexid} ", f"chain out_{hexid} ", f"jump in_{hexid}", f"jump out_{hexid}"):
+        if what in bridge:
+            left.append(f"bridge {what.strip()}")
     if fp.ip:
         if nft.contains(fp.ip):
             left.append(f"nft element {fp.ip}")
@@ -1326,6 +1411,113 @@ def check_nothing_left(fp: Footprint, nft: NftInternetSet, control: str = "SBX-L
     require(control, not left, f"{fp.id} left {left}")
 
 
+@dataclasses.dataclass(frozen=True)
+class PveFootprint:
+    """What a PVE-backed sandbox puts on its node and in PVE (taken before destroy, compared after)."""
+
+    id: str
+    ip: str
+    vmid: str
+    site: Site
+
+    @classmethod
+    def of(cls, t: Target) -> PveFootprint:
+        return cls(t.id, t.ip, t.ct, site_of(t))
+
+
+def pve_leftovers(fp: PveFootprint) -> list[str]:
+    site, admin = fp.site, fp.site.admin_api
+    left = []
+    cts = {str(r["vmid"]): r for r in admin.cluster.resources.get(type="vm")}
+    if fp.vmid in cts:
+        left.append(f"CT {fp.vmid} ({cts[fp.vmid].get('tags')})")
+    holding = [
+        str(r["vmid"]) for r in cts.values()
+        if f"ip={fp.ip}/" in str(admin.nodes(r["node"]).lxc(r["vmid"]).config.get().get("net0", ""))
+    ]  # fmt: skip
+    if holding:
+        left.append(f"address {fp.ip} still on CTs {holding}")
+    for path in (site.config_file(fp.vmid).parent, site.path(f"/etc/pve/lxc/{fp.vmid}.conf")):
+        if path.exists():
+            left.append(f"node file {path}")
+    if site.run("ip", "link", "show", "dev", f"veth{fp.vmid}i0").returncode == 0:
+        left.append(f"veth veth{fp.vmid}i0 in the node")
+    for controller in ("pids", "memory", "cpu", "cpuacct", "devices") if CGROUP_V1 else ("",):
+        if site.cgroup_dir(fp.vmid, controller).exists():
+            left.append(f"cgroup {site.cgroup_dir(fp.vmid, controller)}")
+    flows = site.run("conntrack", "-L", "-s", fp.ip).stdout.splitlines()
+    live = [f for f in flows if not re.search(r"\b(TIME_WAIT|CLOSE)\b", f)]
+    if live:
+        left.append(f"live conntrack entries in the node {live[:2]}")
+    compiled = site.run("nft", "list", "table", "inet", "pve-firewall-emu").stdout
+    if f"ct{fp.vmid}-" in compiled or re.search(rf"\b{re.escape(fp.ip)}\b", compiled):
+        left.append("pve-firewall rules")
+    if (site.settings.state_dir / "proxmox" / "creating" / f"{fp.id}.json").exists():
+        left.append("create marker")
+    return left
+
+
+def check_nothing_left_pve(fp: PveFootprint, control: str = "SBX-LIFE-01") -> None:
+    left = pve_leftovers(fp)
+    require(control, not left, f"{fp.id} (CT {fp.vmid}) left {left}")
+
+
+def check_egress_addresses_only(t: Target, bystander: Target, net: SimNet, nft: Any) -> None:
+    """SBX-NET-16 with an address list (PVE: the CT firewall's rules): ``t`` (internet off,
+    egress=[the wan's address]) reaches that address on the allowed ports and nothing else, asks no
+    resolver but the host's; ``bystander`` gains nothing; set_egress([]) closes it."""
+    c = "SBX-NET-16"
+    require(c, not nft.contains(t.ip), "an egress list turned internet on")
+    r = probe(t, "http", net.wan_ip, 80)
+    require(c, r["ok"] and r["body"] == net.http_body(net.wan_ip, 80), f"the listed address: {r}")
+    beyond = sweep(t, [f"{net.other_web_ip}:80", f"{net.public_web_ip}:80,443", f"{net.wan_ip}:8080,22"])
+    require(c, not beyond, f"reached what the list does not allow: {sorted(beyond)}")
+    check_no_lan(t, net)
+    direct = probe(t, "dns-many", net.dns_name, f"{net.wan_ip}/udp", f"{net.public_resolver_ip}/udp")
+    require(c, set(direct.values()) == {None}, f"other resolvers answered the listed sandbox: {direct}")
+    gained = sweep(bystander, [f"{net.wan_ip}:80,443"])
+    require(c, not gained, f"a sandbox without a list reached the other's: {sorted(gained)}")
+    require(c, t.sb.set_egress([]) == (), "set_egress([]) kept entries")
+    closed = sweep(t, [f"{net.wan_ip}:80"])
+    require(c, not closed, f"still reachable after set_egress([]): {sorted(closed)}")
+
+
+def check_pve_network_state_forgotten(t: Target) -> None:
+    """SBX-LIFE-05 on PVE: a sandbox's network state is its CT's firewall (options, internet and
+    egress rules) and what pve-firewall compiled of it; destroy leaves neither."""
+    from proxmoxer.core import ResourceException
+
+    c = "SBX-LIFE-05"
+    site = site_of(t)
+    admin = site.admin_api
+    node = next(str(r["node"]) for r in admin.cluster.resources.get(type="vm") if str(r["vmid"]) == t.ct)
+    fw = admin.nodes(node).lxc(t.ct).firewall
+    comments = {str(r.get("comment")) for r in fw.rules.get()}
+    assert {"sandbox-rt internet", "sandbox-rt egress"} <= comments, f"precondition: its rules ({comments})"
+
+    def compiled() -> str:
+        return site.run("nft", "list", "table", "inet", "pve-firewall-emu").stdout
+
+    assert f"ct{t.ct}-out" in compiled(), "precondition: pve-firewall compiled its rules"
+    t.sb.destroy()
+    # PVE reads a guest's firewall from /etc/pve/firewall/<vmid>.fw: for a gone CT it answers what
+    # an absent file holds (no options, no rules) or an error, never the old settings
+    for what, call in (("options", fw.options.get), ("rules", fw.rules.get)):
+        try:
+            left = call()
+        except ResourceException:
+            continue
+        if isinstance(left, dict):
+            left = {k: v for k, v in left.items() if k != "digest"}
+        require(c, not left, f"CT {t.ct}'s firewall {what} outlived it: {left}")
+    text = compiled()
+    require(c, f"ct{t.ct}-" not in text and t.ip not in text, f"pve-firewall still has rules of CT {t.ct}")
+    for name in (t.settings.nft_internet_set, "egress_sources"):
+        kind = "set" if name == t.settings.nft_internet_set else "map"
+        listed = site.run("nft", "list", kind, "inet", t.settings.nft_table, name).stdout
+        require(c, t.ip not in listed, f"{t.ip} is in the node's {name}")
+
+
 # -- waiver conditions ----------------------------------------------------------------------------
 def apparmor_disabled() -> tuple[bool, str]:
     enabled = Path("/sys/module/apparmor/parameters/enabled")
@@ -1333,7 +1525,11 @@ def apparmor_disabled() -> tuple[bool, str]:
     return (not on, f"{enabled}: {'Y' if on else 'absent or N'}")
 
 
-def no_systemd() -> tuple[bool, str]:
+def no_systemd(host: Host | None = None) -> tuple[bool, str]:
+    """PID 1 of this machine (or of ``host``: the machine that runs the sandboxes) is not systemd."""
+    if host is not None:
+        comm = host.file("/proc/1/comm").content_string.strip()
+        return (comm != "systemd" and not host.file("/run/systemd/system").exists, f"PID 1 is {comm}")
     comm = Path("/proc/1/comm").read_text().strip()
     return (comm != "systemd" and not Path("/run/systemd/system").exists(), f"PID 1 is {comm}")
 
@@ -1342,13 +1538,60 @@ def lxc_backend(settings: sandbox_rt.Settings) -> tuple[bool, str]:
     return (settings.backend == "lxc", f"backend {settings.backend}")
 
 
+def pve_egress_names_refused(site: Site) -> tuple[bool, str]:
+    """A PVE site whose runtime refuses an egress list naming a domain before anything is made (the
+    CT firewall matches addresses; no per-sandbox resolver exists there)."""
+    if not site.is_pve:
+        return False, f"site {site.name} is not PVE"
+    mgr = sandbox_rt.Manager(site.settings)
+    before = {r["vmid"] for r in site.admin_api.cluster.resources.get(type="vm")}
+    try:
+        sb = mgr.create(egress=["example.test"], labels={"test-session": "hardening-names"}, memory_mb=256)
+    except sandbox_rt.ConfigError as exc:
+        after = {r["vmid"] for r in site.admin_api.cluster.resources.get(type="vm")}
+        return after == before and "domain name" in str(exc), f"refused: {exc}; CTs made: {after - before}"
+    sb.destroy()
+    return False, "a sandbox with a name in its egress list was created"
+
+
+def pve_firewall_keeps_established(site: Site) -> tuple[bool, str]:
+    """A PVE site whose (emulated) pve-firewall accepts established flows before any guest's rules,
+    as pve-firewall does (RELATED,ESTABLISHED -j ACCEPT): a rule switched off ends no open flow."""
+    if not site.is_pve:
+        return False, f"site {site.name} is not PVE"
+    chain = site.host.run("nft list chain inet pve-firewall-emu forward").stdout
+    lines = [ln.strip() for ln in chain.splitlines() if ln.strip().startswith(("ct state", "ip "))]
+    first = lines[0] if lines else ""
+    holds = first.startswith("ct state established,related accept")
+    return holds, f"the node's pve-firewall forward chain starts with {first!r}"
+
+
+def pve_pids_max_fixed(settings: sandbox_rt.Settings) -> tuple[bool, str]:
+    """A PVE-backed sandbox, and PVE's CT config (the API schema) has no process limit option: the
+    runtime's pids_max cannot reach the CT, only the template's raw lxc.cgroup*.pids.max does."""
+    import gzip
+
+    schema_file = REPO / "tests" / "pve_server" / "data" / "pve-api-schema.json.gz"
+    stack, options = list(json.loads(gzip.decompress(schema_file.read_bytes()))), set()
+    while stack:
+        item = stack.pop()
+        stack += item.get("children", [])
+        if item.get("path") == "/nodes/{node}/lxc/{vmid}/config":
+            options = set(item["info"]["PUT"]["parameters"]["properties"])
+    limits = sorted(o for o in options if "pid" in o or "proc" in o)
+    holds = settings.backend == "proxmox" and bool(options) and not limits
+    return holds, f"backend {settings.backend}, CT config options naming a process limit: {limits}"
+
+
 def overlay_disk_unbounded(t: Target, disk_gb: int) -> tuple[bool, str]:
     """The clone's upper dir is a plain directory on the LXC path's filesystem, and the sandbox can
     allocate more than ``disk_gb`` there."""
-    rootfs = config_values(t.id, "lxc.rootfs.path", t.settings.lxc_path)[-1]
+    rootfs = ct_config_values(t, "lxc.rootfs.path")[-1]
     kind, _, rest = rootfs.partition(":")
     upper = Path(rest.partition(":")[2])
-    same_fs = upper.exists() and upper.stat().st_dev == t.settings.lxc_path.stat().st_dev
+    site = site_of(t)
+    upper = site.path(upper)
+    same_fs = upper.exists() and upper.stat().st_dev == site.lxc_dir.stat().st_dev
     size = disk_gb * 1024 + 100
     r = run_user(
         t,

@@ -5,13 +5,18 @@ prepared by site.yml. Sandboxes carry this session's label and are destroyed at 
 test, also on failure; whatever survives is swept when the package is done. The test network is
 built once, only if a test asks for it, and always removed (the network role restored) as soon as the
 last test of this package has run (package scope: the rest of the suite never sees the test uplink).
+
+The catalogue's control tests run on every *site* (``sites.py``): the embedded default (``lxc``) and
+PVE-backed sandboxes on the emulated PVE node (``pve-node``, the session's node of tests/conftest.py).
+They take ``site_baseline``/``site_make``/``kernel_target``/``site_host``/``site_settings``;
+``SANDBOX_RT_HARDENING_SITES=lxc`` (or ``pve-node``) runs one site only. The plain
+``baseline``/``make``/``settings``/``local`` fixtures are the embedded default's (the proofs use them).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,15 +27,21 @@ from testinfra.host import Host
 import sandbox_rt
 from sandbox_rt import Manager, Settings
 from sandbox_rt.network import NftInternetSet
-from tests.integration.runtime.pve_env import pve_test_server
+from tests.pve_node.provisioning import ProvisionedNode, admin_api
 
-from . import hosts
+from . import hosts, sites
 from .checks import Target
 from .controls import Waiver, load_waivers
+from .sites import Site
 from .testnet import SimNet, reapply_uplink, simulated_network
+from .testnet_pve import NodeSimNet, PveInternetGate, node_network
+from .variants import template_variant, without_caps
 
 SESSION_LABEL = {"test-session": "hardening-" + uuid.uuid4().hex[:10]}
 Factory = Callable[..., Target]
+# The sites the control tests run on (all by default; SANDBOX_RT_HARDENING_SITES=lxc for one).
+SITES = [s for s in os.environ.get("SANDBOX_RT_HARDENING_SITES", ",".join(sites.ALL)).split(",") if s]
+assert set(SITES) <= set(sites.ALL), f"SANDBOX_RT_HARDENING_SITES: unknown site in {SITES}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -88,23 +99,42 @@ def waivers() -> dict[str, Waiver]:
     return load_waivers()
 
 
-def _target(sb: sandbox_rt.Sandbox, settings: Settings, workdir: Path) -> Target:
+@pytest.fixture(scope="package")
+def pve_waivers() -> dict[str, Waiver]:
+    """Waivers of PVE-backed sandboxes (the pve-node site) only."""
+    return load_waivers(section="pve_waivers")
+
+
+def _target(
+    sb: sandbox_rt.Sandbox,
+    settings: Settings,
+    workdir: Path,
+    site: Site | None = None,
+    mgr: Manager | None = None,
+) -> Target:
+    if site is not None and site.is_pve and mgr is not None:  # a CT nested in the emulated node
+        user = hosts.sandbox_host(sb, site.settings, workdir)
+        container = hosts.pve_vmid(mgr, sb.id)
+        root = hosts.site_root_host(site, container)
+        return Target(sb, user, root, hosts.known_hosts_path(workdir, sb), site.settings, container, site)
     user = hosts.sandbox_host(sb, settings, workdir)
     known_hosts = hosts.known_hosts_path(workdir, sb)  # pinned by sandbox_host
     container = hosts.container_of(sb, settings.lxc_path)
     root = hosts.sandbox_root_host(sb, settings, container)
-    return Target(sb, user, root, known_hosts, settings, container)
+    return Target(sb, user, root, known_hosts, settings, container, site)
 
 
 @contextlib.contextmanager
-def _factory(manager: Manager, settings: Settings, workdir: Path) -> Iterator[Factory]:
+def _factory(
+    manager: Manager, settings: Settings, workdir: Path, site: Site | None = None
+) -> Iterator[Factory]:
     made: list[Target] = []
 
     def make(**kwargs: object) -> Target:
         kwargs.setdefault("memory_mb", 256)
         labels = {**SESSION_LABEL, **dict(kwargs.pop("labels", None) or {})}  # type: ignore[call-overload]
         sb = manager.create(labels=labels, **kwargs)  # type: ignore[arg-type]
-        made.append(t := _target(sb, settings, workdir))
+        made.append(t := _target(sb, settings, workdir, site, manager))
         return t
 
     try:
@@ -129,30 +159,96 @@ def baseline(manager: Manager, settings: Settings, workdir: Path) -> Iterator[Ta
         yield factory(memory_mb=512)
 
 
+# -- the sites: every control test runs on each (sites.py) -----------------------------------------
+def _node_site(provisioned: ProvisionedNode) -> Site:
+    """PVE-backed sandboxes on the emulated node, as the runtime makes them from the host contract
+    site.yml wrote for the node."""
+    run = provisioned.first_run
+    assert run.returncode == 0 and run.total("failed") == 0, f"site.yml on the emulated node:\n{run.tail(60)}"
+    node = provisioned.node
+    pve_settings = Settings.load(provisioned.host_json, env={})
+    assert pve_settings.backend == "proxmox", pve_settings
+    root = node.spec.rootfs
+    prefix = ("lxc-attach", "-P", str(node.spec.lxc_path), "-n", node.spec.name, "--clear-env", "--")
+    return Site(
+        sites.PVE_NODE,
+        pve_settings,
+        root / "var/lib/lxc",
+        "/var/lib/lxc",
+        prefix,
+        f"lxc.payload.{node.spec.name}/",
+        Host(hosts.LxcAttachBackend(node.spec.name, node.spec.lxc_path)),
+        root / "var/lib/lxc" / str(pve_settings.pve_template_vmid) / "rootfs",
+        root,
+        admin_api(node),
+        provisioned.host_json,
+    )
+
+
+@pytest.fixture(scope="package", params=SITES)
+def site(request: pytest.FixtureRequest) -> Site:
+    """Where the control tests' sandboxes run (each test runs once per site)."""
+    if request.param == sites.LXC:
+        return sites.local_site(request.getfixturevalue("settings"))
+    return _node_site(request.getfixturevalue("emulated_pve"))
+
+
 @pytest.fixture(scope="package")
-def pve_manager(settings: Settings) -> Iterator[Manager]:
-    """The runtime on its Proxmox backend, against the PVE API test server backed by this host's LXC
-    (its CTs are clones of the same template, so they carry the same LXC config and profile)."""
-    with (
-        tempfile.TemporaryDirectory(prefix="sandbox-rt-pve-") as state_dir,
-        pve_test_server(settings, Path(state_dir)) as (pve_settings, _server),
-    ):
-        mgr = Manager(pve_settings, ssh_key=settings.ssh_key)
-        try:
-            yield mgr
-        finally:
-            for record in mgr.list(labels=SESSION_LABEL):
-                with contextlib.suppress(sandbox_rt.SandboxError):
-                    mgr.destroy(record.id)
+def site_manager(site: Site) -> Iterator[Manager]:
+    mgr = Manager(site.settings)
+    yield mgr
+    for record in mgr.list(labels=SESSION_LABEL):
+        with contextlib.suppress(sandbox_rt.SandboxError):
+            mgr.destroy(record.id)
 
 
-@pytest.fixture(scope="package", params=["lxc", "proxmox"])
-def kernel_target(request: pytest.FixtureRequest, settings: Settings, workdir: Path) -> Iterator[Target]:
-    """One sandbox per backend (embedded LXC, PVE-backed through the test server), shared by the
-    kernel-surface controls: their probes change nothing in it."""
-    mgr: Manager = request.getfixturevalue("manager" if request.param == "lxc" else "pve_manager")
-    with _factory(mgr, settings, workdir) as factory:
+@pytest.fixture(scope="package")
+def site_settings(site: Site) -> Settings:
+    return site.settings
+
+
+@pytest.fixture(scope="package")
+def site_host(site: Site) -> Host:
+    """The machine that runs the site's sandboxes (this one, or the emulated node)."""
+    return site.host
+
+
+@pytest.fixture(scope="package")
+def site_rootfs(site: Site) -> Path:
+    """This machine's path of the site's template root filesystem."""
+    return site.template_rootfs
+
+
+@pytest.fixture
+def site_make(site: Site, site_manager: Manager, workdir: Path) -> Iterator[Factory]:
+    """``site_make(**create_kwargs)`` -> a Target on the site, destroyed at the end of the test."""
+    with _factory(site_manager, site.settings, workdir, site) as factory:
+        yield factory
+
+
+@pytest.fixture(scope="package")
+def site_baseline(site: Site, site_manager: Manager, workdir: Path) -> Iterator[Target]:
+    """One default sandbox (no internet) per site, shared by the read-only state checks."""
+    with _factory(site_manager, site.settings, workdir, site) as factory:
         yield factory(memory_mb=512)
+
+
+@pytest.fixture(scope="package")
+def kernel_target(site: Site, site_baseline: Target) -> Target:
+    """The site's shared sandbox for the kernel-surface controls: their probes change nothing in it."""
+    return site_baseline
+
+
+@pytest.fixture(scope="package")
+def make_with_net_caps(settings: Settings, workdir: Path) -> Iterator[Factory]:
+    """Throw-away sandboxes whose container root keeps net_admin and net_raw, granted on purpose
+    (a copy of the template's config; the real template is never changed): what a root sandbox
+    could hold at most, to show that the port binding (SBX-NET-19) holds by itself."""
+    with (
+        template_variant(settings, without_caps(settings, ("net_admin", "net_raw"))) as variant,
+        _factory(Manager(variant), settings, workdir) as make_caps,
+    ):
+        yield make_caps
 
 
 @pytest.fixture(scope="package")
@@ -167,3 +263,29 @@ def net(_testnet_session: SimNet) -> SimNet:
     if not _testnet_session.uplink_rule_loaded():
         reapply_uplink(_testnet_session)
     return _testnet_session
+
+
+# -- the sites' test networks ---------------------------------------------------------------------
+@pytest.fixture(scope="package")
+def _node_net_session(emulated_pve: ProvisionedNode) -> Iterator[NodeSimNet]:
+    with node_network(emulated_pve.node) as node_net:
+        yield node_net
+
+
+@pytest.fixture
+def site_net(site: Site, request: pytest.FixtureRequest) -> SimNet:
+    """The site's simulated internet and LAN: this machine's (``net``), or the emulated node's wan."""
+    if site.is_pve:
+        node_net: SimNet = request.getfixturevalue("_node_net_session")
+        return node_net
+    lxc_net: SimNet = request.getfixturevalue("net")
+    return lxc_net
+
+
+@pytest.fixture(scope="package")
+def site_nft(site: Site, site_manager: Manager) -> NftInternetSet | PveInternetGate:
+    """Who holds a sandbox's internet: the nft set here, the CT's firewall rules on PVE."""
+    if site.is_pve:
+        return PveInternetGate(site_manager)
+    s = site.settings
+    return NftInternetSet(s.nft_family, s.nft_table, s.nft_internet_set)

@@ -70,6 +70,7 @@ _NFT = "roles/sandbox_network/templates/nftables.nft.j2"
 _LXC_CONF = "roles/template_build/templates/lxc.conf.j2"
 _LXC_BACKEND = "sandbox_rt/backends/lxc.py"
 _SECCOMP = "roles/template_build/files/sandbox.seccomp"
+_PVE_RAW = "roles/template_build/tasks/proxmox_confine.yml (PVE: raw lxc.* keys)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +156,8 @@ CONTROLS: tuple[Control, ...] = (
        (), "roles/sandbox_template/tasks/identity.yml", _LXC_BACKEND + " (_seed_rootfs)"),
     _c("SBX-INIT-01", "PID 1 is tini running sshd",
        "PID 1 is `tini -- sshd -D -e`; /sbin/sandbox-init is root's, 0755, not writable by the user",
-       (), "roles/sandbox_template/tasks/init.yml", "roles/sandbox_template/templates/sandbox-init.j2"),
+       (), "roles/sandbox_template/tasks/init.yml", "roles/sandbox_template/templates/sandbox-init.j2",
+       _PVE_RAW + " (lxc.init.cmd)"),
     # -- network ----------------------------------------------------------------------------------
     _c("SBX-NET-01", "the bridge has no physical port",
        "every port of the bridge is a veth; the bridge has its fixed MAC",
@@ -196,14 +198,15 @@ CONTROLS: tuple[Control, ...] = (
        "without internet no DNS at all; with internet the host's dnsmasq resolves; any other resolver "
        "(UDP and TCP) is unreachable (stricter than the seed's DNS for all: DESIGN.md section 3)",
        ("7.net.dns", "3.4.dns"), _NFT + " (input: from_sandbox; forward)",
-       "roles/sandbox_network/templates/dnsmasq.conf.j2"),
+       "roles/sandbox_network/templates/dnsmasq.conf.j2",
+       "sandbox_rt/backends/proxmox.py (PVE: the CT firewall's internet rules)"),
     _c("SBX-NET-12", "no IPv6 egress",
        "IPv6 off on the bridge, dropped in forward/input, no global address or route in the sandbox, "
        "container root cannot add one",
        (), "roles/sandbox_network/tasks/bridge_iproute.yml", _NFT, _LXC_CONF + " (cap.drop net_admin)"),
     _c("SBX-NET-13", "new connections rate-limited",
        "a burst of 200 connects gets at most ~50/s through; the host's own burst is not limited",
-       ("7.net.rate",), _NFT + " (forward: new_connection_rate)"),
+       ("7.net.rate",), _NFT + " (caps: new_connection_rate)"),
     _c("SBX-NET-14", "a scan finds nothing but allowed ports",
        "a TCP connect sweep of every bridge address the test made finds nothing (DNS on the host only "
        "with internet), while the host's sweep finds the sandboxes' sshd",
@@ -228,6 +231,12 @@ CONTROLS: tuple[Control, ...] = (
        "the listed name resolves into the sandbox's own set; a list change restarts no other resolver",
        (), _NFT + " (prerouting: dnat to @dns_resolvers)", "sandbox_rt/egress_dns.py",
        "sandbox_rt/netstate.py"),
+    _c("SBX-NET-19", "a sandbox's port carries only its own MAC and address, ARP included",
+       "container root, as the template makes it and with net_admin + net_raw granted on purpose (a "
+       "throw-away variant), cannot send under a neighbour's address (a forged DNS query never reaches the "
+       "host's conntrack), make the host's ARP entry for it point elsewhere, or teach the bridge its MAC",
+       (), _NFT + " (table bridge: port_in / port_out)", "sandbox_rt/netstate.py (_port_create)",
+       _LXC_BACKEND + " (clone: the port is bound before start)"),
     # -- resources --------------------------------------------------------------------------------
     _c("SBX-RES-01", "fork bombs stay inside the pids limit",
        "pids.max as requested; a bounded fork bomb hits it, the sandbox survives, the host still forks",
@@ -245,6 +254,37 @@ CONTROLS: tuple[Control, ...] = (
        "half of disk_gb can be written, more than disk_gb fails with EDQUOT/ENOSPC "
        "(waived with lxc_host_storage dir: the test shows the gap instead)",
        (), _LXC_BACKEND + " (btrfs subvolume + qgroup limit)", "roles/lxc_host/tasks/storage.yml"),
+    _c("SBX-RES-06", "conntrack entries per sandbox are capped",
+       "nf_conntrack_max holds the promised density at the cap; a sandbox sending new flows from every local "
+       "port for 16 s holds at most sandbox_network_conntrack_per_sandbox (1024) entries",
+       (), _NFT + " (caps: ct count, ct timeout sandbox_tcp)", "roles/sandbox_network/tasks/conntrack.yml"),
+    _c("SBX-RES-07", "DNS queries per sandbox are rate-limited",
+       "a sandbox flooding the host's dnsmasq for 2 s gets at most rate x time + burst answers; a neighbour "
+       "asking 20 times meanwhile loses none",
+       (), _NFT + " (caps: dns_query_rate)"),
+    _c("SBX-RES-08", "new connections to the host are rate-limited too",
+       "300 new flows to the host's DHCP port at once: at most the burst plus the rate reach the host "
+       "(SBX-NET-13: forwarded ones)",
+       (), _NFT + " (caps: new_connection_rate)"),
+    _c("SBX-RES-09", "network bandwidth per sandbox",
+       "with net_mbps=80, TCP both ways between host and sandbox averages no more than the cap allows (one "
+       "second's bucket plus the rate); the runtime's SSH session is not counted",
+       (), "sandbox_rt/netstate.py (_port_create: policers)", "sandbox_rt/caps.py"),
+    _c("SBX-RES-10", "disk bandwidth and IOPS per sandbox",
+       "blkio.throttle.* (v1) / io.max (v2) on the storage device as asked; O_DIRECT writes of 1 MiB and "
+       "4 KiB blocks stay within disk_mbps and disk_iops (buffered writes: docs/threat-model.md)",
+       (), _LXC_BACKEND + " (cgroup_limits)", "sandbox_rt/backends/hostcaps.py (storage_device)",
+       "roles/lxc_host/tasks/storage.yml (loop direct IO)"),
+    _c("SBX-RES-11", "the sandboxes' pids limits together leave the host its pids",
+       "kernel.pid_max holds the promised density at the default pids_max; a create past the budget "
+       "(7/8 of pid_max, summed over the sandboxes' pids_max) is refused and leaves nothing",
+       (), "sandbox_rt/backends/hostcaps.py (check_pids_budget)",
+       "roles/lxc_host/defaults/main.yml (pid_max)"),
+    _c("SBX-RES-12", "a sandbox sees its own memory and CPUs",
+       "/proc/meminfo, free, nproc, os.cpu_count(), /proc/cpuinfo, /proc/stat show its limits, /proc/uptime "
+       "its own (lxcfs, bound in without hooks; cpus pinned to ceil(cpus) cores)",
+       (), _LXC_CONF + " (lxc.mount.entry lxcfs)", "roles/lxc_host/tasks/lxcfs.yml",
+       "sandbox_rt/backends/hostcaps.py (pick_cpus)"),
     # -- escape -----------------------------------------------------------------------------------
     _c("SBX-ESC-01", "unprivileged container, ids of its own",
        "idmap 0 -> a 65536-id host range at or above 100000 in the config, PID 1 runs as its first "
@@ -281,11 +321,13 @@ CONTROLS: tuple[Control, ...] = (
        (), "LXC pid namespace (" + _LXC_CONF + ")"),
     _c("SBX-ESC-10", "capabilities dropped",
        "lxc.cap.drop lists the role's set; PID 1's bounding set lacks each; the user has none",
-       ("7.sec.caps",), _LXC_CONF + " (lxc.cap.drop)", "roles/template_build/defaults/main.yml"),
+       ("7.sec.caps",), _LXC_CONF + " (lxc.cap.drop)", "roles/template_build/defaults/main.yml",
+       _PVE_RAW + " (lxc.cap.drop)", "roles/sandbox_template/templates/sandbox-init.j2 (PVE: setpriv)"),
     _c("SBX-ESC-11", "our seccomp profile is loaded",
        "lxc.seccomp.profile is the role's file, installed unchanged; PID 1 and user processes are "
        "filtered (Seccomp 2); the loaded filter answers umount2 with EPERM (both backends)",
-       (), _LXC_CONF + " (lxc.seccomp.profile)", "roles/template_build/tasks/kernel.yml", _SECCOMP),
+       (), _LXC_CONF + " (lxc.seccomp.profile)", "roles/template_build/tasks/kernel.yml", _SECCOMP,
+       _PVE_RAW + " (lxc.seccomp.profile)"),
     _c("SBX-ESC-12", "no nesting",
        "no nesting include, no rw proc/sys/cgroup mounts; container root cannot change its own "
        "cgroup limits or mount proc",
@@ -295,8 +337,10 @@ CONTROLS: tuple[Control, ...] = (
        ("7.sec.apparmor",), _LXC_CONF + " (lxc.apparmor.profile)", "roles/template_build/tasks/config.yml"),
     _c("SBX-ESC-14", "second lock: no user namespaces even without the filter",
        "user.max_user_namespaces is 0 inside the sandbox (a start-host hook sets it in the sandbox's "
-       "user namespace); neither the user nor container root can raise it (both backends)",
-       (), _LXC_CONF + " (lxc.hook.start-host)", "roles/template_build/files/sandbox-rt-userns-lock"),
+       "user namespace; on PVE the CT setup mount hook); neither the user nor container root can raise "
+       "it (both backends)",
+       (), _LXC_CONF + " (lxc.hook.start-host)", "roles/template_build/files/sandbox-rt-userns-lock",
+       _PVE_RAW + " (lxc.hook.mount)", "roles/template_build/files/sandbox-rt-pve-ct-setup"),
     _c("SBX-ESC-15", "no namespace switching",
        "setns, unshare (mount, net) and clone with a namespace flag get the filter's EPERM (both backends)",
        (), _SECCOMP),
@@ -325,8 +369,10 @@ CONTROLS: tuple[Control, ...] = (
        "lookup_dcookie, fanotify_init, NUMA policy calls, AF_ALG and AF_VSOCK sockets get the filter's "
        "EPERM (both backends)", (), _SECCOMP),
     _c("SBX-ESC-26", "no new privileges",
-       "lxc.no_new_privs = 1; PID 1 and the user's shell carry NoNewPrivs; setuid sudo stops at the flag "
-       "(both backends)", (), _LXC_CONF + " (lxc.no_new_privs)"),
+       "lxc.no_new_privs = 1 (PVE refuses the key: /sbin/sandbox-init sets the flag); PID 1 and the "
+       "user's shell carry NoNewPrivs; setuid sudo stops at the flag (both backends)",
+       (), _LXC_CONF + " (lxc.no_new_privs)",
+       "roles/sandbox_template/templates/sandbox-init.j2 (PVE: setpriv)"),
     # -- access -----------------------------------------------------------------------------------
     _c("SBX-ACC-01", "the runtime's credential is scoped",
        "LXC: the SSH key is root-only and only logs in as `sandbox`; PVE: the API token is confined to "
@@ -334,7 +380,8 @@ CONTROLS: tuple[Control, ...] = (
        ("7.ct.pool",), "roles/sandbox_runtime", "roles/proxmox_access"),
     # -- lifecycle --------------------------------------------------------------------------------
     _c("SBX-LIFE-01", "destroy leaves nothing",
-       "container dir, overlay delta, cgroups, veth, address, nft element, conntrack and lease are gone",
+       "container dir, overlay delta, cgroups, veth, address, nft element, port binding (its bridge chains "
+       "and map elements), conntrack and lease are gone",
        ("7.fn.cleanup", "7.op.destroy"), _LXC_BACKEND + " (destroy)"),
     _c("SBX-LIFE-02", "orphans are collected",
        "a caller SIGKILLed mid-create or mid-session leaves nothing `gc` does not remove",
@@ -370,10 +417,16 @@ class Waiver:
     reason: str
 
 
-def load_waivers(path: Path = WAIVERS_FILE) -> dict[str, Waiver]:
+# waivers.yml sections: ``waivers`` apply wherever their condition holds; ``pve_waivers`` only to
+# PVE-backed sandboxes (the catalogue's pve-node site), whose tests consult them as pve_waivers[...].
+SECTIONS = ("waivers", "pve_waivers")
+
+
+def load_waivers(path: Path = WAIVERS_FILE, section: str = "waivers") -> dict[str, Waiver]:
+    assert section in SECTIONS, section
     data: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
     out: dict[str, Waiver] = {}
-    for control, entry in (data.get("waivers") or {}).items():
+    for control, entry in (data.get(section) or {}).items():
         out[control] = Waiver(
             control,
             str(entry["condition"]),
@@ -386,6 +439,7 @@ def load_waivers(path: Path = WAIVERS_FILE) -> dict[str, Waiver]:
 # -- the generated table --------------------------------------------------------------------------
 def render_markdown() -> str:
     waivers = load_waivers()
+    pve_waivers = load_waivers(section="pve_waivers")
     lines = [
         "# Hardening controls",
         "",
@@ -396,7 +450,10 @@ def render_markdown() -> str:
         "through `lxc-attach`, the host locally), behaviour on real sandboxes with a simulated internet and",
         "LAN made by the tests (`tests/hardening/testnet.py`). Run: `pytest tests/hardening` (root, a host",
         "prepared by `site.yml`). Task names and tags of the roles carry the same ids",
-        "(`ansible-playbook site.yml --tags SBX-SSH`).",
+        "(`ansible-playbook site.yml --tags SBX-SSH`). Each control test runs on two sites: the embedded",
+        "default (`lxc`) and PVE-backed sandboxes on the emulated Proxmox VE node (`pve-node`,",
+        "`tests/pve_node`; `tests/hardening/sites.py`); where a control cannot hold on PVE, its",
+        "`pve_waivers` entry says why and its test asserts that instead.",
         "",
         "| id | control | checks | seed checklist | enforced in |",
         "|---|---|---|---|---|",
@@ -404,6 +461,7 @@ def render_markdown() -> str:
     for c in CONTROLS:
         seed = "; ".join(f"{k}: {SEED_CHECKLIST[k]}" for k in c.seed) or "(beyond the seed)"
         title = c.title + (" **(waived, see below)**" if c.id in waivers else "")
+        title += " **(PVE: waived, see below)**" if c.id in pve_waivers else ""
         enforced = "<br>".join(f"`{e}`" for e in c.enforced)
         lines.append(f"| {c.id} | {title} | {c.checks} | {_cell(seed)} | {enforced} |")
     lines += ["", "## Seed checklist coverage", "", "| seed item | controls |", "|---|---|"]
@@ -419,6 +477,18 @@ def render_markdown() -> str:
     lines.append("")
     for w in waivers.values():
         lines.append(f"- **{w.control}** ({BY_ID[w.control].title}), applies to {w.applies_to}: {w.reason}")
+    pve = load_waivers(section="pve_waivers")
+    if pve:
+        lines += ["", "### On Proxmox VE (`pve_waivers`)", ""]
+        lines.append(
+            "The catalogue runs on PVE-backed sandboxes too (the `pve-node` site: the emulated PVE node of "
+            "`tests/pve_node`). These controls cannot hold there as on the embedded default; each test "
+            "asserts what the waiver states instead."
+        )
+        lines.append("")
+        for w in pve.values():
+            title = BY_ID[w.control].title
+            lines.append(f"- **{w.control}** ({title}), applies to {w.applies_to}: {w.reason}")
     return "\n".join(lines) + "\n"
 
 

@@ -24,6 +24,8 @@ from testinfra.host import Host
 
 import sandbox_rt
 
+from .sites import Site
+
 
 def write_known_hosts(path: Path, address: str, host_key: str) -> Path:
     """A known_hosts file with exactly one entry: ``address`` -> the pinned ``host_key``."""
@@ -78,20 +80,30 @@ class PinnedParamikoBackend(ParamikoBackend):
 
 
 class LxcAttachBackend(base.BaseBackend):
-    """Commands as container root via ``lxc-attach`` (clean environment, the container's caps)."""
+    """Commands as container root via ``lxc-attach`` (clean environment, the container's caps);
+    ``prefix`` runs that where the container lives (in the emulated PVE node: its own lxc-attach)."""
 
     NAME = "lxc-attach"
 
-    def __init__(self, name: str, lxc_path: Path, timeout: float = 60, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        lxc_path: Path | str,
+        timeout: float = 60,
+        prefix: tuple[str, ...] = (),
+        **kwargs: Any,
+    ) -> None:
         self.container = name
         self.lxc_path = lxc_path
         self.timeout = timeout
+        self.prefix = prefix
         super().__init__(name, **kwargs)
 
     def run(self, command: str, *args: str, **kwargs: Any) -> base.CommandResult:
         cmd = self.get_command(command, *args)
         proc = subprocess.run(
             [
+                *self.prefix,
                 "lxc-attach",
                 "-P",
                 str(self.lxc_path),
@@ -124,6 +136,21 @@ def sandbox_host(sb: sandbox_rt.Sandbox, settings: sandbox_rt.Settings, workdir:
 
 def sandbox_root_host(sb: sandbox_rt.Sandbox, settings: sandbox_rt.Settings, container: str = "") -> Host:
     return Host(LxcAttachBackend(container or sb.id, settings.lxc_path))
+
+
+def site_root_host(site: Site, container: str) -> Host:
+    """Container root of ``container`` on ``site`` (through the node for a PVE-backed sandbox)."""
+    return Host(LxcAttachBackend(container, site.lxc_path, prefix=site.prefix))
+
+
+def pve_vmid(mgr: sandbox_rt.Manager, sandbox_id: str) -> str:
+    """The VMID of a PVE-backed sandbox's CT (its tags carry the sandbox id), via the runtime's API."""
+    api: Any = getattr(mgr.backend, "api", None)
+    assert api is not None, f"{sandbox_id} is not PVE-backed"
+    guests = api.cluster.resources.get(type="vm")
+    found = [str(r["vmid"]) for r in guests if sandbox_id in str(r.get("tags", "")).split(";")]
+    assert len(found) == 1, f"{sandbox_id}: CTs {found}"
+    return found[0]
 
 
 def container_of(sb: sandbox_rt.Sandbox, lxc_path: Path) -> str:

@@ -11,6 +11,17 @@
     python3 probe.py icmp HOST [TIMEOUT]              {"reply": bool, "error": str} (needs CAP_NET_RAW)
     python3 probe.py spoof SRC DST DPORT SPORT        {"sent": bool, "error": str}: one TCP SYN from a
                                                       forged source address (needs CAP_NET_RAW)
+    python3 probe.py spoof-dns SRC DST SPORT          the same for one UDP DNS query
+    python3 probe.py arp-claim IFACE IP TARGET        {"sent": bool, "error": str}: an ARP request for
+                                                      TARGET saying IP is at IFACE's MAC (CAP_NET_RAW)
+    python3 probe.py flows HOST SECONDS               {"dns": n, "dhcp": n}: new UDP flows to the host
+                                                      (DNS queries and datagrams to its DHCP port), each
+                                                      from the next local port, as fast as they go
+    python3 probe.py udp-flows HOST PORT COUNT        {"sent": n}: COUNT datagrams, each from its own port
+    python3 probe.py dns-flood HOST NAME SECONDS      {"sent": n, "answered": n}: queries on one socket
+    python3 probe.py dns-series HOST NAME COUNT GAP   {"lost": n, "answered": n}: COUNT queries one by one
+    python3 probe.py serve PORT BYTES                 send BYTES to the first TCP client, then exit
+    python3 probe.py sink PORT                        read the first TCP client to its end, then exit
 
 Every probe prints one JSON line and exits 0 (``hold`` exits 1 when its connection dies). The DNS
 packet helpers are imported by the host side too (tests/hardening/testnet.py).
@@ -239,8 +250,137 @@ def spoof(src: str, dst: str, dport: int, sport: int) -> dict[str, object]:
     return {"sent": True, "error": ""}
 
 
+def spoof_dns(src: str, dst: str, sport: int) -> dict[str, object]:
+    """Send one UDP DNS query with a forged IPv4 source address (a raw IP_HDRINCL socket)."""
+    query = dns_packet("host.sandbox.internal")
+    udp = struct.pack("!HHHH", sport, 53, 8 + len(query), 0) + query
+    header = struct.pack(
+        "!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0, socket.inet_aton(src), socket.inet_aton(dst)
+    )
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as sock:
+            sock.sendto(header + udp, (dst, 0))
+    except OSError as exc:
+        return {"sent": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"sent": True, "error": ""}
+
+
+def arp_claim(iface: str, ip: str, target: str) -> dict[str, object]:
+    """Broadcast an ARP request for ``target`` whose sender is ``ip`` at this interface's MAC (what a
+    sandbox that wants another one's traffic sends: the host learns ``ip`` -> our MAC)."""
+    try:
+        with open(f"/sys/class/net/{iface}/address") as f:
+            mac = bytes.fromhex(f.read().strip().replace(":", ""))
+        arp = struct.pack("!HHBBH", 1, 0x0800, 6, 4, 1) + mac + socket.inet_aton(ip)
+        arp += b"\0" * 6 + socket.inet_aton(target)
+        frame = b"\xff" * 6 + mac + struct.pack("!H", 0x0806) + arp
+        with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as sock:
+            sock.bind((iface, 0))
+            sock.send(frame)
+    except OSError as exc:
+        return {"sent": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"sent": True, "error": ""}
+
+
+def _udp_from_next_port(port: int, payload: bytes, dst: tuple[str, int]) -> bool:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.bind(("0.0.0.0", port))
+        s.sendto(payload, dst)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def flows(host: str, seconds: float) -> dict[str, object]:
+    """New UDP flows to the host for ``seconds``: DNS queries and DHCP-port datagrams in turn."""
+    deadline = time.monotonic() + seconds
+    query, junk = dns_packet("host.sandbox.internal"), b"\0" * 240
+    dns = dhcp = 0
+    port = 1024
+    while time.monotonic() < deadline:
+        dns += _udp_from_next_port(port, query, (host, 53))
+        dhcp += _udp_from_next_port(port + 1, junk, (host, 67))
+        port = port + 2 if port < 65500 else 1024
+    return {"dns": dns, "dhcp": dhcp}
+
+
+def udp_flows(host: str, port: int, count: int) -> dict[str, object]:
+    sent = sum(_udp_from_next_port(20000 + i, b"\0" * 240, (host, port)) for i in range(count))
+    return {"sent": sent}
+
+
+def dns_flood(host: str, name: str, seconds: float) -> dict[str, object]:
+    """Queries on one socket as fast as it sends for ``seconds``; the answers that came back."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setblocking(False)
+    query = dns_packet(name)
+    sent = answered = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            s.sendto(query, (host, 53))
+            sent += 1
+        except OSError:
+            pass
+        while True:
+            try:
+                s.recv(4096)
+                answered += 1
+            except OSError:
+                break
+    time.sleep(0.2)  # the last answers in flight
+    while True:
+        try:
+            s.recv(4096)
+            answered += 1
+        except OSError:
+            break
+    return {"sent": sent, "answered": answered}
+
+
+def dns_series(host: str, name: str, count: int, gap: float) -> dict[str, object]:
+    """``count`` queries one after another, ``gap`` seconds apart; how many got no answer."""
+    lost = 0
+    for _ in range(count):
+        lost += dns_query(host, name)["answer"] is None
+        time.sleep(gap)
+    return {"lost": lost, "answered": count - lost}
+
+
+def _listener(port: int) -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port))
+    s.listen(1)
+    return s
+
+
+def serve(port: int, size: int) -> int:
+    conn, _ = _listener(port).accept()
+    block = b"x" * 65536
+    while size > 0:
+        size -= conn.send(block[: min(size, len(block))])
+    conn.close()
+    return 0
+
+
+def sink(port: int) -> int:
+    conn, _ = _listener(port).accept()
+    while conn.recv(1 << 20):
+        pass
+    conn.close()
+    return 0
+
+
 def main(argv: list[str]) -> int:
     cmd, args = argv[0], argv[1:]
+    if cmd == "serve":
+        return serve(int(args[0]), int(args[1]))
+    if cmd == "sink":
+        return sink(int(args[0]))
     if cmd == "hold":
         return hold(args[0], int(args[1]), args[2])
     if cmd == "tcp":
@@ -262,6 +402,18 @@ def main(argv: list[str]) -> int:
         out = spoof(args[0], args[1], int(args[2]), int(args[3]))
     elif cmd == "icmp":
         out = icmp(args[0], float(args[1]) if len(args) > 1 else 2.0)
+    elif cmd == "spoof-dns":
+        out = spoof_dns(args[0], args[1], int(args[2]))
+    elif cmd == "arp-claim":
+        out = arp_claim(args[0], args[1], args[2])
+    elif cmd == "flows":
+        out = flows(args[0], float(args[1]))
+    elif cmd == "udp-flows":
+        out = udp_flows(args[0], int(args[1]), int(args[2]))
+    elif cmd == "dns-flood":
+        out = dns_flood(args[0], args[1], float(args[2]))
+    elif cmd == "dns-series":
+        out = dns_series(args[0], args[1], int(args[2]), float(args[3]))
     else:
         print(f"unknown probe {cmd!r}", file=sys.stderr)
         return 2

@@ -24,9 +24,10 @@ from sandbox_rt import Manager, Settings
 from sandbox_rt.network import NftInternetSet
 from tests.integration.runtime.test_crash_and_cli import CHILD as KILL_DURING_CREATE
 
-from . import checks
+from . import checks, hosts
 from .checks import Footprint, Target
 from .conftest import SESSION_LABEL, Factory
+from .sites import Site
 from .testnet import SimNet
 
 pytestmark = [pytest.mark.slow]
@@ -77,8 +78,21 @@ def _sandboxes(path: Path) -> set[str]:
     return {p.name for p in path.iterdir() if p.name.startswith("sbx-")}
 
 
-def test_SBX_LIFE_01_destroy_leaves_nothing(make: Factory, net: SimNet, nft: NftInternetSet) -> None:
-    t = make(internet=True)
+def test_SBX_LIFE_01_destroy_leaves_nothing(
+    site: Site, site_make: Factory, site_net: SimNet, site_nft: NftInternetSet
+) -> None:
+    if site.is_pve:  # a CT of the node: PVE's config, the node's container, veth, cgroups, firewall
+        t = site_make(internet=True)
+        pfp = checks.PveFootprint.of(t)
+        assert checks.probe(t, "http", site_net.wan_ip, 80)["ok"], "precondition: it used the network"
+        before = checks.pve_leftovers(pfp)
+        assert any(x.startswith("CT ") for x in before) and any("veth" in x for x in before), before
+        assert any("cgroup" in x for x in before) and any("pve-firewall" in x for x in before), before
+        t.sb.destroy()
+        checks.check_nothing_left_pve(pfp)
+        return
+    net, nft = site_net, site_nft
+    t = site_make(internet=True)
     fp = Footprint.of(t.id, t.settings.lxc_path)
     # it left traces worth removing: a dir, a veth, cgroups, an nft element, tracked flows
     assert checks.probe(t, "http", net.wan_ip, 80)["ok"], "precondition: the sandbox used the network"
@@ -89,7 +103,11 @@ def test_SBX_LIFE_01_destroy_leaves_nothing(make: Factory, net: SimNet, nft: Nft
     checks.check_nothing_left(fp, nft)
 
 
-def test_SBX_LIFE_02_orphans_are_collected(scratch: Settings) -> None:
+def test_SBX_LIFE_02_orphans_are_collected(site: Site, request: pytest.FixtureRequest) -> None:
+    if site.is_pve:
+        _orphans_are_collected_pve(site)
+        return
+    scratch: Settings = request.getfixturevalue("scratch")
     mgr = Manager(scratch)
     nft = NftInternetSet(scratch.nft_family, scratch.nft_table, scratch.nft_internet_set)
     # 1. the caller dies in the middle of create: plain gc removes the half-made sandbox
@@ -129,9 +147,10 @@ def test_SBX_LIFE_02_orphans_are_collected(scratch: Settings) -> None:
     checks.require("SBX-LIFE-02", not _sandboxes(scratch.lxc_path), "sandboxes left in the scratch path")
 
 
-def test_SBX_LIFE_03_clone_start_ssh_commands(make: Factory, manager: Manager) -> None:
+def test_SBX_LIFE_03_clone_start_ssh_commands(site_make: Factory, site_manager: Manager) -> None:
+    manager = site_manager
     t0 = time.monotonic()
-    t = make()
+    t = site_make()
     ready = time.monotonic() - t0
     checks.require("SBX-LIFE-03", ready < 10, f"create took {ready:.1f} s")
     r = t.sb.exec("uname -s; id -un", timeout=30)
@@ -145,7 +164,8 @@ def test_SBX_LIFE_03_clone_start_ssh_commands(make: Factory, manager: Manager) -
     assert t.sb.labels.items() >= SESSION_LABEL.items()
 
 
-def test_SBX_LIFE_04_sftp_roundtrip(baseline: Target, tmp_path: Path) -> None:
+def test_SBX_LIFE_04_sftp_roundtrip(site_baseline: Target, tmp_path: Path) -> None:
+    baseline = site_baseline
     data = os.urandom(1 << 20)
     tree = tmp_path / "tree"
     (tree / "sub").mkdir(parents=True)
@@ -158,3 +178,49 @@ def test_SBX_LIFE_04_sftp_roundtrip(baseline: Target, tmp_path: Path) -> None:
     back = baseline.sb.read_file("/tmp/lifecycle.bin")
     checks.require("SBX-LIFE-04", back == data, "file round trip differs")
     baseline.sb.exec("rm -rf /home/sandbox/lifecycle-tree /tmp/lifecycle.bin", timeout=30)
+
+
+def _orphans_are_collected_pve(site: Site) -> None:
+    """SBX-LIFE-02 on the emulated PVE node: the same callers, killed the same ways, with the node's
+    host contract; ``gc`` (the runtime's PVE backend: its create markers, the CTs' records) collects.
+    Only this test's CTs can be collected: every other sandbox of the node belongs to this live
+    pytest process and is neither half-made nor expired."""
+    mgr = Manager(site.settings)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_RT_")}
+    env.update(SANDBOX_RT_CONFIG=str(site.settings_file), PYTHONPATH=str(checks.REPO))
+
+    def orphans() -> dict[str, checks.PveFootprint]:
+        records = mgr.list(labels={"test-session": "crash"}) + mgr.list(labels={"test-session": "orphan"})
+        return {r.id: checks.PveFootprint(r.id, r.ip, hosts.pve_vmid(mgr, r.id), site) for r in records}
+
+    # 1. the caller dies in the middle of create: plain gc removes the half-made sandbox
+    for step in ("starting", "waiting for SSH"):
+        proc = subprocess.run(
+            [sys.executable, "-c", KILL_DURING_CREATE, step], env=env, capture_output=True, timeout=180
+        )
+        assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+        left = orphans()
+        assert left, f"precondition: killed at {step!r}, a CT is left"
+        removed = {r.sandbox_id for r in mgr.gc()}
+        gone = set(left) <= removed
+        checks.require("SBX-LIFE-02", gone, f"gc left {set(left) - removed} (killed at {step!r})")
+        for fp in left.values():
+            checks.check_nothing_left_pve(fp, "SBX-LIFE-02")
+    # 2. the caller dies mid-session: gc(dead_owners=True) removes its sandbox (plain gc spares it)
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILL_MID_SESSION], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        sid = child.stdout.readline().strip()
+        assert sid.startswith("sbx-"), f"the caller did not create a sandbox ({sid!r})"
+        fp = orphans()[sid]
+        assert mgr.backend.state(sid) == "running"
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    assert sid not in {r.sandbox_id for r in mgr.gc()}, "plain gc destroyed a live-looking sandbox"
+    removed = {r.sandbox_id for r in mgr.gc(dead_owners=True)}
+    checks.require("SBX-LIFE-02", sid in removed, "gc(dead_owners=True) did not collect the orphan")
+    checks.check_nothing_left_pve(fp, "SBX-LIFE-02")
+    checks.require("SBX-LIFE-02", not orphans(), "crashed callers' sandboxes are left")

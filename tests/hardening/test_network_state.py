@@ -22,11 +22,12 @@ from sandbox_rt import Settings
 from sandbox_rt.egress_dns import bound_ports
 from sandbox_rt.netstate import NetState
 from sandbox_rt.network import NftInternetSet
-from tests.integration.provision_helpers import tcp_open
 
 from . import checks
 from .checks import Target
 from .conftest import Factory
+from .controls import Waiver
+from .sites import Site
 from .testnet import SimNet
 
 pytestmark = [pytest.mark.slow]
@@ -49,11 +50,29 @@ def _egress_works(t: Target, net: SimNet) -> None:
 def _preconditions(net: SimNet) -> None:
     for addr in (net.public_web_ip, net.other_web_ip):
         assert net.netns_tcp_open(net.wan_ns, addr, 80), f"precondition: the wan serves {addr}:80"
-    assert tcp_open(net.wan_ip, 80) and tcp_open(net.wan_ip, 8080), "precondition: the wan serves :80 :8080"
+    served = net.host_tcp_open(net.wan_ip, 80) and net.host_tcp_open(net.wan_ip, 8080)
+    assert served, "precondition: the wan serves :80 :8080"
 
 
-def test_SBX_NET_16_egress_allow_list(make: Factory, net: SimNet, nft: NftInternetSet) -> None:
+def _names_refused(site: Site, waiver: Waiver) -> None:
+    """A PVE waiver's statement: an egress list naming a domain is refused before anything is made."""
+    holds, evidence = checks.pve_egress_names_refused(site)
+    assert holds and waiver.condition == "pve_egress_names_refused", evidence
+
+
+def test_SBX_NET_16_egress_allow_list(
+    site: Site,
+    site_make: Factory,
+    site_net: SimNet,
+    site_nft: NftInternetSet,
+    pve_waivers: dict[str, Waiver],
+) -> None:
+    net, nft, make = site_net, site_nft, site_make
     _preconditions(net)
+    if site.is_pve:  # addresses only (the CT firewall's rules); names are refused (the waiver)
+        _names_refused(site, pve_waivers["SBX-NET-16"])
+        checks.check_egress_addresses_only(make(egress=[net.wan_ip]), make(), net, nft)
+        return
     t = make(egress=[net.dns_name, net.wan_ip])
     bystander = make()
     assert t.sb.status().egress == (net.dns_name, net.wan_ip)
@@ -94,7 +113,21 @@ def _pid(path: Path) -> str:
     return path.read_text().strip()
 
 
-def test_SBX_NET_18_dns_answers_only_the_list(make: Factory, net: SimNet, settings: Settings) -> None:
+def test_SBX_NET_18_dns_answers_only_the_list(
+    site: Site,
+    site_make: Factory,
+    site_net: SimNet,
+    site_settings: Settings,
+    pve_waivers: dict[str, Waiver],
+) -> None:
+    net, make, settings = site_net, site_make, site_settings
+    if site.is_pve:  # no names in a PVE egress list (the waiver): the host answers no DNS for it
+        _names_refused(site, pve_waivers["SBX-NET-18"])
+        t = make(egress=[net.wan_ip])
+        for proto in ("udp", "tcp"):
+            r = checks.probe(t, "dns", settings.dns_server, net.dns_name, proto)
+            checks.require("SBX-NET-18", r["answer"] is None, f"the host answered a listed sandbox: {r}")
+        return
     tag = secrets.token_hex(4)  # fresh names: the upstream's log is shared by the whole session
     a = make(egress=[net.dns_name])
     b = make(egress=[net.other_dns_name])
@@ -139,8 +172,12 @@ def _restart_shared_dnsmasq(settings: Settings) -> None:
 
 
 def test_SBX_NET_17_reload_and_dns_restart_keep_state(
-    make: Factory, net: SimNet, nft: NftInternetSet, settings: Settings
+    site: Site, site_make: Factory, site_net: SimNet, site_nft: NftInternetSet, site_settings: Settings
 ) -> None:
+    if site.is_pve:
+        _reload_and_restart_keep_state_pve(site, site_make, site_net, site_nft)
+        return
+    make, net, nft, settings = site_make, site_net, site_nft, site_settings
     online = make(internet=True)
     listed = make(egress=[net.dns_name])
     offline = make()
@@ -148,11 +185,19 @@ def test_SBX_NET_17_reload_and_dns_restart_keep_state(
     _egress_works(listed, net)
 
     state = NetState(settings)
-    before = {n.sandbox_id for n in state.all()}
-    assert {online.id, listed.id} <= before and offline.id not in before
+    before = {n.sandbox_id: n for n in state.all()}
+    assert {online.id, listed.id, offline.id} <= set(before)
+    # every sandbox's port is bound (issue 26); the one without internet has nothing else
+    plain = before[offline.id]
+    assert plain.bound and not plain.internet and not plain.egress, plain
 
     _reload_tables(settings)
     assert nft.contains(online.ip), "the reload lost the internet element"
+    listing = ["nft", "list", "map", "bridge", settings.nft_table, "port_in"]
+    ports = subprocess.run(listing, capture_output=True, text=True, check=True).stdout
+    for t in (online, listed, offline):
+        bound = f'"{before[t.id].port}" : jump in_{t.id[4:]}'
+        assert bound in ports, f"the reload lost {t.id}'s port binding"
     checks.check_internet_works(online, net)
     _egress_works(listed, net)  # chain, sets and map element restored; dnsmasq refills the set
     checks.check_no_internet(offline, net, nft)
@@ -172,8 +217,13 @@ def test_SBX_NET_17_reload_and_dns_restart_keep_state(
 
 
 def test_SBX_LIFE_05_destroy_forgets_the_network_state(
-    make: Factory, net: SimNet, settings: Settings
+    site: Site, site_make: Factory, site_net: SimNet, site_settings: Settings
 ) -> None:
+    if site.is_pve:  # the CT's own firewall (options, rules) and what pve-firewall compiled of it
+        t = site_make(internet=True, egress=[site_net.wan_ip])
+        checks.check_pve_network_state_forgotten(t)
+        return
+    make, net, settings = site_make, site_net, site_settings
     t = make(internet=True, egress=[net.dns_name, "192.0.2.0/24"])
     files = [settings.net_state_dir / f"{t.id}.{ext}" for ext in ("json", "nft", "dnsmasq.conf")]
     assert all(f.exists() for f in files)
@@ -198,3 +248,32 @@ def test_SBX_LIFE_05_destroy_forgets_the_network_state(
             check=True,
         ).stdout
         assert t.ip not in listed, f"{t.ip} is still in {name}"
+
+
+def _reload_and_restart_keep_state_pve(site: Site, make: Factory, net: SimNet, nft: NftInternetSet) -> None:
+    """SBX-NET-17 on the emulated PVE node: the node's sandbox tables reloaded and its dnsmasq
+    restarted (the units site.yml installed: what a boot or a later site.yml run does) while sandboxes
+    run. The sandboxes' internet and egress are their CT firewalls (PVE's, untouched); what the node's
+    own tables hold must come back with them: isolation, the LAN ranges, DNS only with internet."""
+    online = make(internet=True)
+    listed = make(egress=[net.wan_ip])
+    offline = make()
+    checks.check_internet_works(online, net)
+    assert _http_ok(listed, net, net.wan_ip), "precondition: the egress list works"
+
+    for unit in ("sandbox-nftables.service", "sandbox-dnsmasq.service"):
+        done = site.host.run(f"systemctl restart {unit}")
+        assert done.rc == 0, f"restarting {unit}: {done.stderr}"
+    checks.check_internet_works(online, net)
+    assert _http_ok(listed, net, net.wan_ip), "the reload lost the egress list"
+    checks.check_no_internet(offline, net, nft)
+    beyond = checks.sweep(listed, [f"{net.public_web_ip}:80", f"{net.other_web_ip}:80"])
+    assert beyond == set(), f"beyond its list: {beyond}"
+    checks.check_isolated(online, offline)
+    checks.check_no_lan(online, net)
+    checks.check_dns_only_via_host(offline, net, internet=False)
+
+    # toggled off before a reload: stays off after it
+    online.sb.set_internet(False)
+    assert site.host.run("systemctl restart sandbox-nftables.service").rc == 0
+    checks.check_no_internet(online, net, nft)

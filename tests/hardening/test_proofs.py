@@ -9,22 +9,29 @@ match only their addresses and are deleted by handle afterwards, also on failure
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import secrets
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import sandbox_rt.backends.lxc as lxc_backend
 from sandbox_rt import Manager, Settings
+from sandbox_rt.backends.hostcaps import storage_device
+from sandbox_rt.ipam import mac_for_ip
+from sandbox_rt.netstate import NetState
 from sandbox_rt.network import NftInternetSet
 from tests.integration.provision_helpers import sh, tcp_open, wait_for
 
-from . import checks
+from . import checks, sites
+from . import neighbour_checks as nc
 from .checks import Target, Violation
-from .conftest import Factory, _factory
+from .conftest import SESSION_LABEL, SITES, Factory, _factory, _node_site
 from .testnet import SimNet, host_listeners
-from .variants import ALLOW_ALL_SECCOMP, STOCK_SECCOMP, template_variant
+from .variants import ALLOW_ALL_SECCOMP, STOCK_SECCOMP, pve_template_variant, template_variant
 
 pytestmark = [pytest.mark.slow]
 
@@ -56,6 +63,20 @@ PROVES = {
     "test_proof_missing_userns_lock_is_caught": "SBX-ESC-14",
     "test_proof_setuid_with_new_privs_is_caught": "SBX-ESC-26",
     "test_proof_user_owned_authorized_keys_are_caught": "SBX-USER-04",
+    # PVE-backed sandboxes (the emulated node): a CT whose template lacks the raw lxc.* keys
+    "test_proof_pve_ct_without_raw_keys_runs_pves_seccomp": "SBX-ESC-11",
+    "test_proof_pve_ct_without_raw_keys_keeps_its_capabilities": "SBX-ESC-10",
+    "test_proof_pve_ct_without_raw_keys_gains_new_privileges": "SBX-ESC-26",
+    "test_proof_pve_ct_without_raw_keys_lets_the_keyring_through": "SBX-ESC-16",
+    # shared resources (issue 26): each cap removed for one sandbox
+    "test_proof_uncapped_conntrack_is_caught": "SBX-RES-06",
+    "test_proof_unlimited_dns_is_caught": "SBX-RES-07",
+    "test_proof_unlimited_new_flows_to_the_host_are_caught": "SBX-RES-08",
+    "test_proof_unpoliced_port_is_caught": "SBX-RES-09",
+    "test_proof_unthrottled_disk_is_caught": "SBX-RES-10",
+    "test_proof_unbudgeted_pids_are_caught": "SBX-RES-11",
+    "test_proof_host_limits_without_lxcfs_are_caught": "SBX-RES-12",
+    "test_proof_unbound_port_is_caught": "SBX-NET-19",
 }
 
 
@@ -144,7 +165,7 @@ def test_proof_host_port_opened_is_caught(make: Factory, settings: Settings, net
 
 
 def test_proof_unlimited_pids_are_caught(make: Factory) -> None:
-    loose = make(pids_max=1 << 22)
+    loose = make(pids_max=1 << 21)  # far above the check's 128 and within the host's pids budget
     expect_violation("SBX-RES-01", checks.check_pids_fenced, loose, 128, match="pids.max")
     checks.check_pids_fenced(make(pids_max=128), 128)
 
@@ -308,3 +329,130 @@ def test_proof_user_owned_authorized_keys_are_caught(make: Factory) -> None:
     assert done.returncode == 0, done.stderr
     wait_for(lambda: tcp_open(t.ip, 22), 10, "sshd back after HUP")  # it re-executes itself
     expect_violation("SBX-USER-04", checks.check_own_key_ignored, t, match="logged in")
+
+
+# -- shared resources (issue 26) ------------------------------------------------------------------
+@contextlib.contextmanager
+def port_unbound(t: Target) -> Iterator[None]:
+    """The sandbox's port chains as before issue 26 (accept everything); put back from its state."""
+    table = t.settings.nft_table
+    state = NetState(t.settings)
+    net = state.read(t.id)
+    assert net is not None and net.bound, f"precondition: {t.id} has a bound port"
+    for chain in net.port_chains:
+        sh("nft", "flush", "chain", "bridge", table, chain)
+        sh("nft", "add", "rule", "bridge", table, chain, "accept")
+    try:
+        yield
+    finally:
+        flush = "".join(f"flush chain bridge {table} {chain}\n" for chain in net.port_chains)
+        script = flush + state.fragment(net)
+        put_back = subprocess.run(["nft", "-f", "-"], input=script, text=True, check=False)
+        assert put_back.returncode == 0, f"the port chains of {t.id} were not put back"
+
+
+def test_proof_uncapped_conntrack_is_caught(make: Factory, settings: Settings) -> None:
+    t = make(internet=True)
+    with nft_rule(settings, "caps", f"ip saddr {t.ip} accept"):
+        expect_violation("SBX-RES-06", nc.check_conntrack_capped, t, 4.0, match="conntrack entries")
+
+
+def test_proof_unlimited_dns_is_caught(make: Factory, settings: Settings) -> None:
+    flooder, neighbour = make(internet=True), make(internet=True)
+    with nft_rule(settings, "caps", f"ip saddr {flooder.ip} accept"):
+        expect_violation("SBX-RES-07", nc.check_dns_rate_limited, flooder, neighbour, match="the flooder got")
+
+
+def test_proof_unlimited_new_flows_to_the_host_are_caught(make: Factory, settings: Settings) -> None:
+    t = make()
+    with nft_rule(settings, "caps", f"ip saddr {t.ip} accept"):
+        expect_violation("SBX-RES-08", nc.check_new_flows_to_host_limited, t, match="new flows reached")
+
+
+def test_proof_unpoliced_port_is_caught(make: Factory) -> None:
+    t = make(net_mbps=80)
+    with port_unbound(t):
+        expect_violation("SBX-RES-09", nc.check_bandwidth_capped, t, 80, match="Mbit/s with net_mbps=80")
+    nc.check_bandwidth_capped(t, 80)
+
+
+def test_proof_unthrottled_disk_is_caught(make: Factory, settings: Settings) -> None:
+    t = make(disk_mbps=20, disk_iops=200)
+    device = storage_device(settings.lxc_path)
+    assert device, "precondition: the sandbox storage is on a block device"
+    if checks.CGROUP_V1:
+        for name in ("write_bps_device", "read_bps_device", "write_iops_device", "read_iops_device"):
+            (checks.cgroup_dir(t.id, "blkio") / f"blkio.throttle.{name}").write_text(f"{device} 0")
+    else:
+        lifted = f"{device} rbps=max wbps=max riops=max wiops=max"
+        (checks.cgroup_dir(t.id, "io") / "io.max").write_text(lifted)
+    expect_violation("SBX-RES-10", nc.check_disk_limits_set, t, 20, 200, match="want")
+    expect_violation("SBX-RES-10", nc.check_disk_rates, t, 20, 200, match="O_DIRECT writes at")
+
+
+def test_proof_unbudgeted_pids_are_caught(manager: Manager, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lxc_backend, "check_pids_budget", lambda *_args: None)
+    check = nc.check_pids_over_budget_refused
+    expect_violation("SBX-RES-11", check, manager, SESSION_LABEL, match="pids_max=")
+
+
+def test_proof_host_limits_without_lxcfs_are_caught(settings: Settings, workdir: Path) -> None:
+    with (
+        template_variant(settings, {"lxc.mount.entry": None}) as variant,
+        _factory(Manager(variant), settings, workdir) as make_plain,
+    ):
+        t = make_plain(memory_mb=384, cpus=1)
+        expect_violation("SBX-RES-12", nc.check_own_limits_visible, t, 384, 1, match="MemTotal")
+
+
+def test_proof_unbound_port_is_caught(make: Factory, make_with_net_caps: Factory, settings: Settings) -> None:
+    """Root with net_admin and net_raw and the port binding gone (the old behaviour): it takes the
+    victim's address, ARP and MAC; with the binding back it takes none."""
+    victim, attacker = make(internet=True), make_with_net_caps()
+    victim_mac = mac_for_ip(victim.ip)
+    attacker_port = nc.port_of(attacker)
+    with port_unbound(attacker):
+        expect_violation("SBX-NET-19", nc.check_no_forged_address, attacker, victim, match="the host took it")
+        try:
+            expect_violation("SBX-NET-19", nc.check_no_arp_claim, attacker, victim, match="traffic to")
+        finally:
+            sh("ip", "neigh", "del", victim.ip, "dev", settings.bridge, check=False)
+        try:
+            expect_violation("SBX-NET-19", nc.check_no_mac_takeover, attacker, victim, match="learnt")
+        finally:  # the bridge and the host learnt the victim's MAC for the attacker's port and address
+            sh("bridge", "fdb", "del", victim_mac, "dev", attacker_port, "master", check=False)
+            sh("ip", "neigh", "del", attacker.ip, "dev", settings.bridge, check=False)
+    nc.check_port_bound(attacker, victim)
+
+
+# -- PVE-backed sandboxes: the raw keys are what confines them ----------------------------------------
+@pytest.fixture(scope="module")
+def pve_unconfined(request: pytest.FixtureRequest, workdir: Path) -> Iterator[Target]:
+    """A throw-away PVE sandbox on the emulated node, cloned from a variant of the template whose raw
+    lxc.* lines root removed, all but lxc.hook.mount (without the CT setup hook a CT has no address:
+    it would not even come up, see tests/integration/test_pve_emulated.py). Such a CT is what PVE makes
+    of the template on its own: it boots the template's systemd under pve-container's defaults (LXC's
+    stock seccomp profile, PVE's capability set, no no_new_privs)."""
+    if sites.PVE_NODE not in SITES:
+        pytest.skip("the pve-node site is not selected (SANDBOX_RT_HARDENING_SITES)")
+    site = _node_site(request.getfixturevalue("emulated_pve"))
+    with pve_template_variant(site, keep={"lxc.hook.mount"}) as variant:
+        variant_site = dataclasses.replace(site, settings=variant)
+        with _factory(Manager(variant), variant, workdir, variant_site) as make_unconfined:
+            yield make_unconfined()
+
+
+def test_proof_pve_ct_without_raw_keys_runs_pves_seccomp(pve_unconfined: Target) -> None:
+    expect_violation("SBX-ESC-11", checks.check_seccomp, pve_unconfined, match="answers umount2 with allow")
+
+
+def test_proof_pve_ct_without_raw_keys_keeps_its_capabilities(pve_unconfined: Target) -> None:
+    expect_violation("SBX-ESC-10", checks.check_caps_dropped, pve_unconfined, match="lxc.cap.drop lacks")
+
+
+def test_proof_pve_ct_without_raw_keys_gains_new_privileges(pve_unconfined: Target) -> None:
+    expect_violation("SBX-ESC-26", checks.check_no_new_privs, pve_unconfined, match="sudo ran as root")
+
+
+def test_proof_pve_ct_without_raw_keys_lets_the_keyring_through(pve_unconfined: Target) -> None:
+    expect_violation("SBX-ESC-16", checks.check_refused, pve_unconfined, "keyring")

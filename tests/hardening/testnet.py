@@ -31,6 +31,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tests.hardening import probe
 from tests.integration.provision_helpers import run_playbook, sh, tcp_open, wait_for
@@ -103,6 +104,29 @@ class SimNet:
     def uplink_rule_loaded(self) -> bool:
         out = sh("nft", "list", "chain", "inet", "sandbox", "forward", check=False).stdout
         return f'oifname "{self.wan_if}"' in out
+
+    # -- probes from the machine that routes the sandboxes: this one (the emulated PVE node's
+    # NodeSimNet, testnet_pve.py, runs them in the node) ---------------------------------------------
+    def host_tcp_open(self, address: str, port: int) -> bool:
+        return tcp_open(address, port)
+
+    def host_ping(self, address: str) -> bool:
+        return bool(probe.icmp(address)["reply"])
+
+    def host_burst(self, address: str, port: int, count: int, window: float) -> dict[str, Any]:
+        return probe.burst(address, port, count, window)
+
+    def host_sweep(self, timeout: float, targets: list[str]) -> dict[str, Any]:
+        return probe.sweep(timeout, targets)
+
+    def host_dns(self, server: str, name: str) -> str | None:
+        return dns_query(server, name)
+
+    def host_conntrack(self, *args: str) -> str:
+        return sh("conntrack", "-L", *args, check=False).stdout
+
+    def host_listeners(self, address: str, ports: list[int]) -> contextlib.AbstractContextManager[list[int]]:
+        return host_listeners(address, ports)
 
 
 def _cleanup_leftovers(net: SimNet) -> None:

@@ -13,10 +13,14 @@ import contextlib
 import dataclasses
 import secrets
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from sandbox_rt import Settings
+
+from .checks import role_defaults
+from .sites import Site
 
 # LXC's own profile on Debian (what sandboxes loaded before issue 16)
 STOCK_SECCOMP = "/usr/share/lxc/config/common.seccomp"
@@ -55,3 +59,54 @@ def template_variant(settings: Settings, changes: Mapping[str, str | None]) -> I
         yield dataclasses.replace(settings, template=name)
     finally:
         shutil.rmtree(variant, ignore_errors=True)
+
+
+def without_caps(settings: Settings, keep: tuple[str, ...]) -> dict[str, str]:
+    """The template's lxc.cap.drop without ``keep`` (a change for :func:`template_variant`)."""
+    config = (settings.lxc_path / settings.template / "config").read_text().splitlines()
+    drops = [ln.partition("=")[2].split() for ln in config if ln.partition("=")[0].strip() == "lxc.cap.drop"]
+    assert drops, "precondition: the template drops capabilities"
+    kept = [cap for cap in drops[-1] if cap not in keep]
+    assert len(kept) == len(drops[-1]) - len(keep), f"precondition: the template drops all of {keep}"
+    return {"lxc.cap.drop": " ".join(kept)}
+
+
+@contextlib.contextmanager
+def pve_template_variant(site: Site, keep: Collection[str] = ()) -> Iterator[Settings]:
+    """Settings of ``site`` (a PVE one) whose template is a throw-away linked clone of the real
+    template, whose raw ``lxc.*`` lines root removed from its ``/etc/pve/lxc/<vmid>.conf`` on the node
+    (all but the keys in ``keep``), converted to a template the runtime's token may clone (the same
+    clone-only ACL as the real one). The real template is never touched; the variant and its ACL go
+    when the ``with`` block ends (its clones must be gone by then: the factories destroy them first)."""
+    from proxmoxer.tools import Tasks
+
+    admin: Any = site.admin_api
+    s = site.settings
+    role = role_defaults("proxmox_access")["proxmox_access_template_role"]
+    template = s.pve_template_vmid
+    node = next(str(r["node"]) for r in admin.cluster.resources.get(type="vm") if r["vmid"] == template)
+
+    def wait(upid: str) -> None:
+        status = Tasks.blocking_status(admin, upid, timeout=300, polling_interval=0.1)
+        assert status and status.get("exitstatus") == "OK", f"task {upid}: {status}"
+
+    vmid = int(admin.cluster.nextid.get())
+    wait(admin.nodes(node).lxc(template).clone.post(newid=vmid, full=0, hostname=f"variant-{vmid}"))
+    # a privilege-separated token holds what both it and its user hold: both get the role
+    user = s.pve_token_id.split("!")[0]
+    acl = {"path": f"/vms/{vmid}", "roles": role, "users": user, "tokens": s.pve_token_id, "propagate": 0}
+    try:
+        conf = site.path(f"/etc/pve/lxc/{vmid}.conf")
+        lines = conf.read_text().splitlines()
+        kept = [ln for ln in lines if not ln.startswith("lxc.") or ln.split(":", 1)[0].strip() in keep]
+        assert len(kept) < len(lines), f"precondition: the clone carries the template's raw lines ({conf})"
+        tmp = conf.with_name(f".{conf.name}.variant")
+        tmp.write_text("\n".join(kept) + "\n")
+        tmp.replace(conf)  # as root on the node does it (the API cannot touch raw keys)
+        admin.nodes(node).lxc(vmid).template.post()
+        admin.access.acl.put(**acl)
+        yield dataclasses.replace(s, pve_template_vmid=vmid)
+    finally:
+        with contextlib.suppress(Exception):
+            admin.access.acl.put(**acl, delete=1)
+        wait(admin.nodes(node).lxc(vmid).delete())

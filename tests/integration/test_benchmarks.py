@@ -28,7 +28,9 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-GROUPS = ("lifecycle", "transfer", "concurrency", "pve", "profile")
+GROUPS = ("lifecycle", "transfer", "concurrency", "pve", "profile", "neighbours")
+PHASES = ("conntrack", "dns", "connrate", "bandwidth", "odirect", "buffered", "forkstorm", "memory")
+FIGURES = ("exec_rtt", "dns_answer", "fsync", "throughput")
 EXPECTED = {
     "lifecycle": {
         "create_ssh_ready",
@@ -41,6 +43,9 @@ EXPECTED = {
         "raw_lxc_attach",
         "destroy",
         "raw_destroy",
+        "create_ssh_ready_no_lxcfs",
+        "destroy_no_lxcfs",
+        "destroy_lxcfs_hooks",
     },
     "transfer": {
         "upload_sandbox",
@@ -52,6 +57,9 @@ EXPECTED = {
     },
     "concurrency": {"concurrent_create_n5", "raw_concurrent_create_n5"},
     "pve": {f"{b}_{op}" for b in ("pve", "lxc") for op in ("create_ssh_ready", "exec_true", "destroy")},
+    # every victim figure while idle; the flooded ones exist unless a phase lost every DNS answer
+    "neighbours": {f"{fig}@idle" for fig in FIGURES}
+    | {f"{fig}@{phase}" for fig in ("exec_rtt", "fsync") for phase in PHASES},
 }
 
 
@@ -124,8 +132,10 @@ def test_ratios_are_the_quotients_of_the_two_medians(run: dict[str, Any]) -> Non
                 expected = ours["median_ms"] / base["median_ms"]
             assert _close(c["ratio"], expected), (name, c)
             assert _close(c["diff_ms"], ours["median_ms"] - base["median_ms"]), (name, c)
-            if c["against"] == "variant":  # an option's cost: the runtime against itself without it
+            if c["against"] in ("variant", "idle"):  # an option's cost / a neighbour's load: ours vs ours
                 assert base["raw"] is False and ours["raw"] is False, (name, c)
+                if c["against"] == "idle":
+                    assert name == "neighbours" and c["baseline"].endswith("@idle"), (name, c)
             elif name != "pve":
                 assert c["against"] == "raw", (name, c)
                 assert base["raw"] is True and ours["raw"] is False, (name, c)
@@ -172,6 +182,20 @@ def test_the_run_cleaned_up_after_itself(run: dict[str, Any]) -> None:
     pid = run["pid"]
     left = [p.name for prefix in ("rawbench", "pvebench") for p in s.lxc_path.glob(f"{prefix}-{pid}-*")]
     assert left == []
+
+
+def test_every_flood_ran_and_the_conntrack_table_never_filled(run: dict[str, Any]) -> None:
+    facts = run["data"]["groups"]["neighbours"]["facts"]
+    assert list(facts["phases"]) == ["idle", *PHASES]
+    for phase in PHASES:
+        row = facts["phases"][phase]
+        assert row["dns_asked"] > 0, phase
+        if phase != "forkstorm":  # the bomb reports nothing (its shell forks no more)
+            assert row["flood"]["exit_code"] == 0 and row["flood"]["kind"] == phase, row
+    assert 0 < facts["conntrack_peak"] < facts["conntrack_max"]
+    s = run["settings"]  # the sandboxes had the host's default caps
+    defaults = {name: getattr(s, f"default_{name}") for name in ("net_mbps", "disk_mbps", "disk_iops")}
+    assert facts["caps"] == defaults
 
 
 def test_an_unknown_group_is_refused() -> None:

@@ -1,13 +1,15 @@
 """Proxmox VE end to end on the emulated PVE node (issue 15; issue 23 items 7 and 9).
 
-One node for the module (tests/pve_node, index 0): site.yml against ``inventories/pve_emulated``
+One node for the session (tests/pve_node, index 0; the ``emulated_pve`` fixture of tests/conftest.py,
+shared with the hardening catalogue's ``pve-node`` site): site.yml against ``inventories/pve_emulated``
 builds the node's network (vmbr1 as an ifupdown2 stanza, dnsmasq and the nftables tables as systemd
 units), the API access and the hardened CT template through the PVE API; a second run changes
 nothing and ``--check`` is clean. Then ``Manager.from_env()`` with only the host contract site.yml
 wrote creates PVE-backed sandboxes there: nested unprivileged containers on the node's own vmbr1,
 whose internet is the CT's PVE firewall (emulated pve-firewall, datacenter gate included), proven
 against servers in the node's wan network namespace. The node reboots (container stop and start)
-with its network coming back by itself. The fixture removes the node and asserts nothing is left.
+with its network coming back by itself. The session fixture removes the node and asserts nothing is
+left.
 """
 
 from __future__ import annotations
@@ -15,19 +17,19 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import sandbox_rt
 from sandbox_rt import FirewallDisabled, Manager
-from tests.integration.provision_helpers import REPO, PlaybookRun, parse_recap, wait_for
-from tests.pve_node import PVENode, spec_for_index
-from tests.pve_node.__main__ import exports
+from tests.integration.provision_helpers import REPO, PlaybookRun, wait_for
+from tests.pve_node import PVENode
+from tests.pve_node.provisioning import ProvisionedNode, admin_api, node_environment, run_site
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -38,52 +40,15 @@ SERVER = REPO / "tests" / "hardening" / "netns_server.py"
 TEMPLATE_VMID = 9000
 
 
-def run_site(node: PVENode, *extra: str, timeout: float = 1200) -> PlaybookRun:
-    """``ansible-playbook -i inventories/pve_emulated site.yml`` with the node's environment."""
-    args = [
-        str(REPO / ".venv" / "bin" / "ansible-playbook"),
-        "-i",
-        "inventories/pve_emulated",
-        "site.yml",
-        *extra,
-    ]
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", **exports(node))
-    proc = subprocess.run(
-        args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    return PlaybookRun(args, proc.returncode, proc.stdout + proc.stderr, parse_recap(proc.stdout), 0.0)
-
-
-@contextlib.contextmanager
-def node_environment(node: PVENode) -> Iterator[None]:
-    """``python -m tests.pve_node env`` for this process (Manager.from_env reads SANDBOX_RT_CONFIG)."""
-    saved = dict(os.environ)
-    os.environ.update(exports(node))
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+@pytest.fixture(scope="module")
+def node(emulated_pve: ProvisionedNode) -> PVENode:
+    """The session's emulated node (tests/conftest.py: started, provisioned, removed at the end)."""
+    return emulated_pve.node
 
 
 @pytest.fixture(scope="module")
-def node() -> Iterator[PVENode]:
-    if os.geteuid() != 0:
-        pytest.fail("the emulated PVE node is a privileged container: run as root", pytrace=False)
-    pve = PVENode(spec_for_index(0))
-    pve.stop()  # what a crashed earlier session left
-    try:
-        pve.start()
-        pve.api_start()
-        yield pve
-    finally:
-        pve.stop()
-        assert pve.leftovers() == [], "the node helper left things behind"
-
-
-@pytest.fixture(scope="module")
-def first_run(node: PVENode) -> PlaybookRun:
-    run = run_site(node)
+def first_run(emulated_pve: ProvisionedNode) -> PlaybookRun:
+    run = emulated_pve.first_run
     assert run.returncode == 0 and run.total("failed") == 0, run.tail(80)
     return run
 
@@ -141,22 +106,9 @@ def manager(node: PVENode, first_run: PlaybookRun) -> Iterator[Manager]:
             mgr.destroy(record.id)
 
 
-def api(node: PVENode) -> object:
-    """proxmoxer with the node's root token (the admin), TLS verified against the server's CA."""
-    from proxmoxer import ProxmoxAPI
-
-    info = json.loads((node.spec.api_dir / "info.json").read_text())
-    tokenid, secret = (node.spec.api_dir / "root.token").read_text().strip().split("=", 1)
-    user, name = tokenid.split("!")
-    return ProxmoxAPI(
-        info["host"],
-        port=info["port"],
-        user=user,
-        token_name=name,
-        token_value=secret,
-        verify_ssl=info["ca_file"],
-        timeout=60,
-    )
+def api(node: PVENode) -> Any:
+    """proxmoxer with the node's root token (the admin)."""
+    return admin_api(node)
 
 
 def in_node(node: PVENode, *cmd: str) -> str:
@@ -304,59 +256,89 @@ def test_the_node_reboots_with_its_network(node: PVENode, manager: Manager, wan:
         assert http(sb, f"http://{WAN_WEB}/") == f"{WAN_WEB}:80 ok"
 
 
-# --- hardening controls on PVE-backed sandboxes (the SBX catalogue's ids; see docs/proxmox.md for the
-# controls that need raw LXC keys on the node and are not yet applied to PVE CTs) -------------------------
+# --- the kernel confinement of PVE-backed sandboxes: raw lxc.* keys root wrote on the template ------------
+# (The whole SBX catalogue runs on PVE-backed sandboxes of this node too: tests/hardening, site pve-node.)
+
+CONFINING_KEYS = {"lxc.init.cmd", "lxc.seccomp.profile", "lxc.cap.drop", "lxc.hook.mount", "lxc.mount.entry"}
 
 
-def _ssh_refused(sb: sandbox_rt.Sandbox, **connect: object) -> bool:
-    """A login other than the runtime's (root, a password) is refused; the host key stays pinned."""
-    import paramiko
+def _wait_task(root: Any, upid: str) -> None:
+    from proxmoxer.tools import Tasks
 
-    client = paramiko.SSHClient()
-    client.get_host_keys().add(sb.ip, "ssh-ed25519", paramiko.Ed25519Key(data=_key_blob(sb)))
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    status = Tasks.blocking_status(root, upid, timeout=120, polling_interval=0.1)
+    assert status and status.get("exitstatus") == "OK", f"{upid}: {status}"
+
+
+def test_raw_keys_confine_the_template_and_every_clone(node: PVENode, manager: Manager) -> None:
+    """site.yml wrote the raw keys into the template's /etc/pve/lxc/9000.conf (root on the node); GET
+    .../config lists them, pct clone copies them to every sandbox, pve-container appends them last to
+    the CT's LXC config, and they are what its processes run under."""
+    root = api(node)
+    template = root.nodes(node.spec.name).lxc(TEMPLATE_VMID).config.get()["lxc"]
+    keys = {key for key, _ in template}
+    assert keys >= CONFINING_KEYS and any(key.endswith(".pids.max") for key in keys), keys
+    assert not keys & {"lxc.no_new_privs", "lxc.hook.start-host"}  # PVE refuses them: never written
+    text = in_node(node, "cat", f"/etc/pve/lxc/{TEMPLATE_VMID}.conf")
+    assert all(f"{key}: {value}" in text.splitlines() for key, value in template)
+    with manager.create(labels=LABELS, memory_mb=256) as sb:
+        vmid = next(
+            r["vmid"] for r in root.cluster.resources.get(type="vm") if sb.id in str(r.get("tags")).split(";")
+        )
+        assert root.nodes(node.spec.name).lxc(vmid).config.get()["lxc"] == template  # the clone's own
+        lxc_conf = in_node(node, "cat", f"/var/lib/lxc/{vmid}/config").splitlines()
+        assert lxc_conf[-len(template) :] == [f"{key} = {value}" for key, value in template]
+        out = sb.exec(
+            "cat /proc/1/comm; grep -E '^(NoNewPrivs|Seccomp|CapBnd):' /proc/1/status | cut -f2; "
+            "cat /proc/sys/user/max_user_namespaces; ip -4 -o addr show eth0 | cut -d' ' -f7"
+        ).stdout.decode().split()
+        comm, bounding, nnp, seccomp, userns, address = out  # (status lists CapBnd first)
+        assert (comm, nnp, seccomp, userns) == ("tini", "1", "2", "0"), out  # sandbox-init; the hook
+        assert not int(bounding, 16) & (1 << 12 | 1 << 13 | 1 << 21), bounding  # no net_admin/raw, sys_admin
+        assert address.startswith(sb.ip + "/"), address  # the hook applied what pve-container wrote
+
+
+def test_the_ct_setup_hook_and_refused_keys(node: PVENode, first_run: PlaybookRun) -> None:
+    """A throw-away clone of the template, started by the admin with a static net0. Keys PVE refuses,
+    added by root, never reach LXC (a start-host hook of /bin/false would fail the start); without any
+    raw key the CT is PVE's own default: systemd, no address (nothing applies the one pve-container
+    wrote), no user namespace lock: the CT setup hook is what gives both."""
+    root, name = api(node), node.spec.name
+    vmid = int(root.cluster.nextid.get())
+    _wait_task(root, root.nodes(name).lxc(TEMPLATE_VMID).clone.post(newid=vmid, hostname=f"hook-{vmid}"))
+    conf = node.spec.rootfs / "etc" / "pve" / "lxc" / f"{vmid}.conf"
+    address = str(ipaddress.IPv4Network(node.spec.sandbox_cidr).broadcast_address - 7)
+
+    def as_root(edit: Any) -> None:  # root edits the CT's file on the node (the API cannot)
+        lines = conf.read_text().splitlines()
+        conf.write_text("\n".join(edit(lines)) + "\n")
+
+    def in_ct(*cmd: str) -> str:
+        return in_node(node, "lxc-attach", "-n", str(vmid), "--", *cmd).strip()
+
+    def run_once() -> tuple[str, str, str]:
+        _wait_task(root, root.nodes(name).lxc(vmid).status.start.post())
+        try:
+            ip = in_ct("ip", "-4", "-o", "addr", "show", "eth0")
+            return in_ct("cat", "/proc/1/comm"), ip, in_ct("cat", "/proc/sys/user/max_user_namespaces")
+        finally:
+            _wait_task(root, root.nodes(name).lxc(vmid).status.stop.post())
+
     try:
-        client.connect(sb.ip, look_for_keys=False, allow_agent=False, timeout=10, **connect)  # type: ignore[arg-type]
-    except paramiko.AuthenticationException:
-        return True
+        net0 = f"name=eth0,bridge=vmbr1,ip={address}/16,gw={node.spec.sandbox_gateway}"
+        root.nodes(name).lxc(vmid).config.put(net0=net0)
+        refused = ["lxc.hook.start-host: /bin/false", "lxc.no_new_privs: 1", "lxc.rootfs.path: /tmp"]
+        as_root(lambda lines: [*lines, *refused])
+        assert not {k for k, _ in root.nodes(name).lxc(vmid).config.get()["lxc"]} & {"lxc.no_new_privs"}
+        comm, ip, userns = run_once()  # it starts: the start-host hook was not applied
+        lxc_conf = in_node(node, "cat", f"/var/lib/lxc/{vmid}/config")
+        assert "start-host" not in lxc_conf and "no_new_privs" not in lxc_conf and "= /tmp" not in lxc_conf
+        assert (comm, userns) == ("tini", "0") and f"inet {address}/16" in ip, (comm, ip, userns)
+
+        as_root(lambda lines: [ln for ln in lines if not ln.startswith("lxc.")])
+        assert "lxc" not in root.nodes(name).lxc(vmid).config.get()
+        comm, ip, userns = run_once()
+        assert comm == "systemd" and "inet " not in ip and userns != "0", (comm, ip, userns)
     finally:
-        client.close()
-    return False
-
-
-def _key_blob(sb: sandbox_rt.Sandbox) -> bytes:
-    import base64
-
-    kind, blob = sb.record.host_key.split()[:2]
-    assert kind == "ssh-ed25519"
-    return base64.b64decode(blob)
-
-
-def test_SBX_controls_hold_on_pve_sandboxes(node: PVENode, manager: Manager) -> None:
-    """SBX-USER-01/02, SBX-SSH-01/02, SBX-LIM-01/03, SBX-ESC-01/03/09, SBX-ID-01/02 on two sandboxes."""
-    with (
-        manager.create(labels=LABELS, memory_mb=256) as a,
-        manager.create(labels=LABELS, memory_mb=256) as b,
-    ):
-        sudo = "sudo -n true >/dev/null 2>&1 && echo SUDO || echo nosudo"
-        out = a.exec(f"id -u; id -Gn; {sudo}").stdout.decode().split("\n")
-        privileged = {"sudo", "adm", "root", "disk", "lxd"}
-        assert out[0] == "1000" and not privileged & set(out[1].split())  # USER-01
-        assert out[2] == "nosudo"  # USER-02
-        key = str(manager.settings.ssh_key)
-        assert _ssh_refused(a, username="root", key_filename=key)  # SSH-01
-        assert _ssh_refused(a, username="sandbox", password="sandbox")  # SSH-02
-        limits = a.exec("ulimit -Su; ulimit -Hu; ulimit -Sc; ulimit -Hc").stdout.decode().split()
-        assert limits == ["256", "512", "0", "0"]  # LIM-01, LIM-03 (the login's pam_limits)
-        uid_map = a.exec("cat /proc/self/uid_map").stdout.decode().split()
-        assert uid_map == ["0", "100000", "65536"]  # ESC-01: an unprivileged CT
-        assert a.exec("head -c 1 /dev/kmsg").exit_code != 0  # ESC-03
-        procs = a.exec("ps -eo comm=").stdout.decode().split()
-        assert "dnsmasq" not in procs and "lxc-start" not in procs and len(procs) < 40  # ESC-09
-        ids = [
-            (sb.record.host_key.split()[1], sb.exec("cat /etc/machine-id").stdout.decode().strip())
-            for sb in (a, b)
-        ]
-        assert (
-            ids[0][0] != ids[1][0] and ids[0][1] != ids[1][1] and all(len(m) == 32 for _, m in ids)
-        )  # ID-01/02
+        if root.nodes(name).lxc(vmid).status.current.get()["status"] == "running":
+            _wait_task(root, root.nodes(name).lxc(vmid).status.stop.post())
+        _wait_task(root, root.nodes(name).lxc(vmid).delete())

@@ -164,10 +164,12 @@ def test_dhcp_lease_from_the_sandbox_range(settings: dict[str, object]) -> None:
     """A client without a static address gets a lease in 10.99.0.100-250 from the bridge's dnsmasq.
 
     The template has no DHCP client (sandboxes get static addresses), so the client is a small Python
-    one in a network namespace on a veth attached to the bridge, like a sandbox's eth0.
+    one in a network namespace on a veth attached to the bridge. Its port is not named like a sandbox
+    port (``sbx*``): those send nothing until the runtime binds them to their MAC and static address
+    (issue 26, SBX-NET-19), so DHCP serves guests of the bridge that are not the runtime's sandboxes.
     """
     suffix = secrets.token_hex(3)
-    netns, port = f"sbxtest-dhcp-{suffix}", f"sbxtd{suffix}"
+    netns, port = f"sbxtest-dhcp-{suffix}", f"dhcpt{suffix}"
     mac = "02:5b:" + ":".join(f"{b:02x}" for b in secrets.token_bytes(4))
     try:
         sh("ip", "netns", "add", netns)

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,6 +28,17 @@ from .spec import NodeSpec
 
 REPO = Path(__file__).resolve().parents[2]
 BOOT_TIMEOUT_S = 120.0
+
+
+def _port_free(port: int) -> bool:
+    """Whether the API server could bind ``port`` now (it reuses addresses: TIME_WAIT is fine)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _mac(ip: str) -> str:
@@ -49,6 +61,12 @@ def lxc_config(spec: NodeSpec) -> str:
             "lxc.init.cmd = /sbin/init",
             "lxc.signal.halt = SIGRTMIN+3",
             "lxc.mount.auto = proc:mixed sys:mixed cgroup:rw:force",
+            # A PVE host's /proc/sys is writable; here /proc/sys/user is (proc:mixed keeps the rest
+            # read-only, so nothing in the node changes this machine's global sysctls). The sandboxes'
+            # CT setup hook writes user.max_user_namespaces there, which the kernel applies to the
+            # writer's own user namespace: the CT's, never the node's (template_build's
+            # sandbox-rt-pve-ct-setup, SBX-ESC-14).
+            "lxc.mount.entry = /proc/sys/user proc/sys/user none bind,rw 0 0",
             "lxc.autodev = 1",
             "lxc.tty.max = 1",
             "lxc.pty.max = 64",
@@ -229,6 +247,12 @@ class PVENode:
         if self.api_running():
             return dict(json.loads(info_file.read_text()))
         api.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # A restarted server keeps its port when it is free: the host contract site.yml wrote names it.
+        port = 0
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            port = int(json.loads(info_file.read_text())["port"])
+        if port and not _port_free(port):
+            port = 0
         info_file.unlink(missing_ok=True)
         log = open(api / "server.log", "ab")  # noqa: SIM115 (the child keeps it)
         cmd = [
@@ -249,6 +273,8 @@ class PVENode:
             str(api / "root.token"),
             "--info-file",
             str(info_file),
+            "--port",
+            str(port),
         ]
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=log, start_new_session=True)
         log.close()

@@ -158,6 +158,12 @@ def customize(spec: NodeSpec) -> str:
     (root / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
     _write(root / "root/.ssh/authorized_keys", authorized + "\n", 0o600)
     _write(root / "usr/sbin/pct", PCT_SHIM, 0o755)
+    # pmxcfs' place for the CTs' config files (the PVE API test server's node engine writes them there,
+    # root edits raw lxc.* keys in them): /etc/pve/lxc is a link to this node's directory, as on PVE.
+    (root / "etc/pve/nodes" / spec.name / "lxc").mkdir(parents=True, exist_ok=True)
+    pve_lxc = root / "etc/pve/lxc"
+    if not pve_lxc.is_symlink():
+        pve_lxc.symlink_to(f"nodes/{spec.name}/lxc")
     # PVE's "local" storage directories (hookscript snippets, uploaded CT templates).
     for sub in ("snippets", "template/cache"):
         (root / "var/lib/vz" / sub).mkdir(parents=True, exist_ok=True)

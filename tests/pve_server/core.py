@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .auth import AccessControl
-from .engine import Engine
+from .engine import ConfigFileBacked, Engine
 from .errors import PVEError, fail, not_implemented, param_error
 from .faults import Faults
 from .pvefw import FirewallProgrammer, render
@@ -174,9 +174,20 @@ class Core:
 
     def after_change(self) -> None:
         """After every change of the state (lock held): an engine that runs pve-firewall (the node
-        engine) gets the whole firewall recompiled; it reloads it only when the text changed."""
+        engine) gets the whole firewall recompiled; it reloads it only when the text changed. One
+        that keeps the CTs' config files gets them rewritten."""
+        self.sync_config_files()
         if isinstance(self.engine, FirewallProgrammer):
             self.engine.apply_firewall(render(self.state.data, self.local_node))
+
+    def sync_config_files(self) -> None:
+        """pmxcfs: root's hand edits of /etc/pve/lxc/<vmid>.conf on the node (raw lxc.* keys) become
+        the CTs' configs; then the files are written from the state (the node engine only)."""
+        if not isinstance(self.engine, ConfigFileBacked):
+            return
+        with self.state.lock:
+            if self.engine.sync_config_files(self.state.cts, self.local_node):
+                self.state.save()
 
     @property
     def local_node(self) -> str:
@@ -311,6 +322,7 @@ class Core:
         if method.proxyto:
             self._check_node(str(merged.get(method.proxyto, "")))
         typed = method.validate(merged)
+        self.sync_config_files()  # a CT's file may have changed on the node since the last call
         handler = HANDLERS.get((verb, template))
         if handler is None:
             raise not_implemented(verb, rel, f"by the PVE test server (schema method '{method.name}')")

@@ -78,3 +78,13 @@ class StorageBacked(Protocol):
 
     def storage_dir(self, storage: str) -> Path | None:
         """This machine's path of a directory storage's root, or None if it has none."""
+
+
+@runtime_checkable
+class ConfigFileBacked(Protocol):
+    """An engine whose node keeps the CTs' config files (``/etc/pve/lxc/<vmid>.conf``, the node
+    engine): root may edit them by hand there (raw ``lxc.*`` keys, which the API cannot set)."""
+
+    def sync_config_files(self, cts: dict[str, dict[str, Any]], node: str) -> bool:
+        """Read root's changes of the raw ``lxc`` entries into ``cts`` (True if any), then write
+        every CT file of ``node`` from ``cts`` (PVE's pmxcfs: the files are the configs)."""

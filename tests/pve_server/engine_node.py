@@ -8,8 +8,14 @@ vmbr1, dnsmasq and nftables). What PVE itself does on a node, this engine does t
   100000, as PVE's unprivileged CTs), root's ``authorized_keys`` from ``ssh-public-keys``;
 * the LXC container is named by its VMID (``pct`` and PVE's own tools find it so); its config is
   what pve-container generates for an unprivileged CT: ``common.conf`` + ``userns.conf``, the id
-  map, ``veth<vmid>i0`` on the ``net0`` bridge (static IPv4 set by LXC), cgroup limits; init is the
-  template's ``/sbin/init``;
+  map, ``veth<vmid>i0`` on the ``net0`` bridge (no address: LXC sets none on PVE), cgroup limits;
+  then the CT's raw ``lxc.*`` entries, appended last (they win); init is the template's
+  ``/sbin/init`` unless a raw ``lxc.init.cmd`` names another;
+* at start, as pve-container's Debian setup does: ``/etc/network/interfaces`` of the CT from
+  ``net0`` (static address and gateway, or dhcp), which nothing applies unless the CT does;
+* ``/etc/pve/lxc/<vmid>.conf`` (pmxcfs): every CT's config file is written into the node from the
+  server's state after each change; root's hand edits of the raw ``lxc.*`` lines there are read back
+  before the next API call, whitelisted as pve-container does (``pct_conf``), copied by a clone;
 * a linked clone of a template is ``lxc-copy -s -B overlayfs`` of the template's container (the
   template's rootfs is the lower layer, as PVE's linked clones share the base volume);
 * pve-firewall: the datacenter, CT options and rules are compiled into one nftables table in the
@@ -28,13 +34,15 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import pct_conf
 from .ctconfig import parse_kv
 from .engine import CTConfig, EngineError
-from .engine_lxc import LxcEngine, cgroup_lines, net_lines
+from .engine_lxc import LxcEngine, cgroup_lines
 
 NODE_LXC_PATH = "/var/lib/lxc"  # inside the node, as on PVE
 NODE_STORAGE = {"local": "/var/lib/vz"}  # PVE's default directory storage
@@ -42,6 +50,58 @@ IDMAP_BASE = 100000
 IDMAP_SIZE = 65536
 NFT_TABLE = "pve-firewall-emu"
 _NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+MANAGED_MARK = "# managed by the PVE test server"
+RAW_MARK = "# the CT's raw lxc.* entries (/etc/pve/lxc/<vmid>.conf), appended last as pve-container does"
+WWW_DATA_GID = 33  # /etc/pve belongs to root:www-data
+CFS_PERIOD = 100_000
+
+
+def pve_net_lines(vmid: int, config: CTConfig) -> list[str]:
+    """``net0`` -> the ``lxc.net.0.*`` keys pve-container writes: no address (the CT's own network
+    configuration, written at start, holds it). pve-container plugs the veth into the bridge with its
+    ``lxcnetaddbr`` up-script; here LXC's own ``link`` does that."""
+    raw = config.get("net0")
+    if not raw:
+        return []
+    net = parse_kv(str(raw))
+    lines = [f"lxc.net.0.veth.pair = veth{vmid}i0"]
+    if net.get("bridge"):
+        lines.append(f"lxc.net.0.link = {net['bridge']}")
+    if net.get("name"):
+        lines.append(f"lxc.net.0.name = {net['name']}")
+    if net.get("hwaddr"):
+        lines.append(f"lxc.net.0.hwaddr = {net['hwaddr'].lower()}")
+    return lines
+
+
+def pve_cgroup_lines(config: CTConfig, version: int, memsw: bool) -> list[str]:
+    """The cgroup keys pve-container writes: ``memory``/``swap`` as the LXC engine's, and the CPU
+    quota from ``cpulimit`` (``cores`` pins CPUs on PVE, a cpuset not emulated here; no quota)."""
+    lines = cgroup_lines({k: v for k, v in config.items() if k != "cores"}, version, memsw)
+    limit = float(config.get("cpulimit") or 0)
+    if limit > 0:
+        quota = int(limit * CFS_PERIOD)
+        if version == 2:
+            lines.append(f"lxc.cgroup2.cpu.max = {quota} {CFS_PERIOD}")
+        else:
+            lines += [f"lxc.cgroup.cpu.cfs_period_us = {CFS_PERIOD}"]
+            lines += [f"lxc.cgroup.cpu.cfs_quota_us = {quota}"]
+    return lines
+
+
+def debian_interfaces(config: CTConfig) -> str:
+    """What pve-container's Debian setup writes into the CT's /etc/network/interfaces for net0."""
+    net = parse_kv(str(config.get("net0") or ""))
+    name = net.get("name", "eth0")
+    ip = net.get("ip", "")
+    lines = ["auto lo", "iface lo inet loopback", "", f"auto {name}"]
+    if "/" in ip:
+        lines += [f"iface {name} inet static", f"\taddress {ip}"]
+        if net.get("gw"):
+            lines.append(f"\tgateway {net['gw']}")
+    else:
+        lines.append(f"iface {name} inet {'dhcp' if ip == 'dhcp' else 'manual'}")
+    return "\n".join(lines) + "\n"
 
 
 class NodeEngine(LxcEngine):
@@ -54,6 +114,8 @@ class NodeEngine(LxcEngine):
         super().__init__(self.host_path(NODE_LXC_PATH), template="", prefix="", timeout=timeout)
         self.firewall_text = ""  # what was loaded last (tests read it)
         self._firewall_boot = ""
+        self._file_signatures: dict[str, tuple[int, int, int]] = {}  # config file -> as last seen
+        self.refused_keys: dict[int, list[str]] = {}  # vmid -> raw keys pve-container would refuse
 
     # --- where things are ------------------------------------------------------------------------
     def _read_node_rootfs(self) -> Path:
@@ -136,6 +198,11 @@ class NodeEngine(LxcEngine):
                 "lxc.apparmor.profile = unconfined",
                 "lxc.mount.auto = sys:mixed",
                 "lxc.monitor.unshare = 1",
+                # Not pve-container's: the emulated node runs under this machine's LXC seccomp filter,
+                # and LXC loads no filter of a nested container's own in an already filtered process
+                # ("Already seccomp-confined") unless told to stack it. A PVE host runs unfiltered, so
+                # there each CT's filter is its only one; here it is stacked on the node's.
+                "lxc.seccomp.allow_nesting = 1",
                 f"lxc.idmap = u 0 {IDMAP_BASE} {IDMAP_SIZE}",
                 f"lxc.idmap = g 0 {IDMAP_BASE} {IDMAP_SIZE}",
                 f"lxc.rootfs.path = {rootfs}",
@@ -202,26 +269,38 @@ class NodeEngine(LxcEngine):
         self.apply_config(vmid, config)
 
     def apply_config(self, vmid: int, config: CTConfig) -> None:
+        """The CT's LXC config, written whole as pve-container does at every start: the keys it
+        generates (the rootfs is the one the container has: ``lxc-copy`` set it), then the CT's raw
+        ``lxc`` entries (whitelisted), last."""
         path = self._config_path(vmid)
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except OSError as exc:
             raise EngineError(f"cannot read {path}: {exc}") from None
-        managed_keys = ("lxc.uts.name", "lxc.net.0.", "lxc.cgroup", "# managed by")
-        kept = [ln for ln in lines if not ln.strip().startswith(managed_keys)]
-        if config.get("net0"):
-            kept += ["lxc.net.0.type = veth", "lxc.net.0.flags = up", "lxc.net.0.mtu = 1500"]
+        rootfs = ""
+        for line in lines:
+            key, _, value = (p.strip() for p in line.partition("="))
+            if key == "lxc.rootfs.path":
+                rootfs = value  # the last one counts (lxc-copy appends its own)
+        if not rootfs:
+            raise EngineError(f"CT {vmid}: {path} has no lxc.rootfs.path")
         hostname = str(config.get("hostname") or f"CT{vmid}")
-        managed = [f"lxc.uts.name = {hostname}", *net_lines(vmid, config)]
-        managed += cgroup_lines(config, self._cgroup, self._memsw)
-        path.write_text(
-            "\n".join([*kept, "# managed by the PVE test server", *managed]) + "\n", encoding="utf-8"
-        )
+        managed = [f"lxc.uts.name = {hostname}"]
+        if config.get("net0"):
+            managed += ["lxc.net.0.type = veth", "lxc.net.0.flags = up", "lxc.net.0.mtu = 1500"]
+            managed += pve_net_lines(vmid, config)
+        managed += pve_cgroup_lines(config, self._cgroup, self._memsw)
+        raw = [f"{key} = {value}" for key, value in pct_conf.raw_entries(config)]
+        base = self.lxc_config(vmid, rootfs).rstrip("\n")
+        text = "\n".join([base, MANAGED_MARK, *managed, *([RAW_MARK, *raw] if raw else [])])
+        path.write_text(text + "\n", encoding="utf-8")
 
     def start(self, vmid: int, config: CTConfig) -> str:
-        """pve-container's pre-start: config, resolv.conf, then the hookscript's host key; start."""
+        """pve-container's pre-start: config, resolv.conf, network configuration, then the
+        hookscript's host key; start."""
         self.apply_config(vmid, config)
         self._write_resolv(vmid, config)
+        self._write_in_ct(vmid, "etc/network/interfaces", debian_interfaces(config), 0o644)
         public = self._prepare_rootfs(vmid, config)
         self._lxc("lxc-start", vmid)
         self._lxc("lxc-wait", vmid, "-s", "RUNNING", "-t", "20", timeout=30)
@@ -327,3 +406,71 @@ class NodeEngine(LxcEngine):
 
     def bridge_of(self, config: Mapping[str, Any]) -> str:
         return parse_kv(str(config.get("net0", ""))).get("bridge", "")
+
+    # --- /etc/pve/lxc/<vmid>.conf (pmxcfs) --------------------------------------------------------------
+    def config_file(self, node: str, vmid: int | str) -> Path:
+        """Host path of the CT's config file in the node (``/etc/pve/lxc`` links to it, as on PVE)."""
+        return self.host_path(f"/etc/pve/nodes/{node}/lxc/{vmid}.conf")
+
+    def _ensure_pve_dirs(self, node: str) -> Path:
+        folder = self.config_file(node, 0).parent
+        if not folder.is_dir():
+            folder.mkdir(parents=True, mode=0o755)
+        link = self.host_path("/etc/pve/lxc")
+        if not link.is_symlink() and not link.exists():
+            link.symlink_to(f"nodes/{node}/lxc")
+        return folder
+
+    @staticmethod
+    def _signature(path: Path) -> tuple[int, int, int] | None:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def sync_config_files(self, cts: dict[str, dict[str, Any]], node: str) -> bool:
+        """Read back the raw ``lxc.*`` lines of every CT file root changed since it was written (the
+        whitelist applied, refused keys logged and dropped, as pve-container's parser does), then
+        write every CT's file from ``cts``. True if a CT's raw entries changed. Root's edits of other
+        options in the file are not read (only the API changes those here)."""
+        if not (self.node_root / "etc").is_dir():
+            return False  # no node (yet): nothing holds the files
+        folder = self._ensure_pve_dirs(node)
+        ours = {key: ct for key, ct in cts.items() if ct.get("node") == node}
+        changed = False
+        for key, ct in ours.items():
+            path = folder / f"{key}.conf"
+            signature = self._signature(path)
+            if signature is None or signature == self._file_signatures.get(path.name):
+                continue
+            entries, warnings = pct_conf.parse_raw(path.read_text(encoding="utf-8", errors="replace"))
+            self.refused_keys[int(key)] = [w.split(":", 1)[0] for w in warnings]
+            for warning in warnings:
+                print(f"vm {key} - {warning}", file=sys.stderr, flush=True)
+            conf = ct["config"]
+            if entries != list(conf.get("lxc") or []):
+                if entries:
+                    conf["lxc"] = entries
+                else:
+                    conf.pop("lxc", None)
+                changed = True
+            self._file_signatures[path.name] = signature
+        for key, ct in ours.items():
+            path = folder / f"{key}.conf"
+            text = pct_conf.render(ct["config"], ct.get("snapshots"))
+            signature = self._signature(path)
+            if signature is not None and signature != self._file_signatures.get(path.name):
+                continue  # root wrote it just now: read at the next sync, never overwritten unread
+            if signature is None or path.read_text(encoding="utf-8", errors="replace") != text:
+                tmp = path.with_name(f".{path.name}.tmp")
+                tmp.write_text(text, encoding="utf-8")
+                os.chown(tmp, 0, WWW_DATA_GID)
+                tmp.chmod(0o640)
+                tmp.replace(path)
+            self._file_signatures[path.name] = self._signature(path) or (0, 0, 0)
+        for path in folder.glob("*.conf"):
+            if path.stem.isdigit() and path.stem not in ours:
+                path.unlink(missing_ok=True)
+                self._file_signatures.pop(path.name, None)
+        return changed

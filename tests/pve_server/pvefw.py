@@ -10,13 +10,21 @@ PVE's semantics that the runtime relies on, and nothing more:
   are evaluated in order (first match: ``ACCEPT``/``DROP``/``REJECT``), then its policy
   (``policy_in`` default ``DROP``, ``policy_out`` default ``ACCEPT``);
 * OUT rules see everything the CT sends (to the node itself too), IN rules what is sent to it;
-* ``ipfilter``: a filtered CT sends only from its configured address (here always enforced at the
-  CT's bridge port, so the address identifies the CT in the routed hooks).
+* ``macfilter`` (PVE's default: on, off only with ``macfilter=0``): frames from the CT's port with
+  another source MAC than ``net0``'s ``hwaddr`` are dropped (pve-firewall's ebtables ``-s ! <mac>``);
+* ``ipfilter=1``: IPv4 from the CT's port with another source than ``net0``'s ``ip`` is dropped, and
+  ARP whose sender address is another (pve-firewall's ``ipfilter-net0`` ipset and its ebtables ARP
+  chain ``--arp-ip-src``); without it the CT may send from any address;
+* ``net0``'s ``rate`` (MB/s, 2^20 bytes as pve-container computes it): PVE shapes the CT's veth with
+  tc (ingress policing, egress tbf); here the same compiled table polices the CT's port both ways
+  (nft ``limit``: one second's worth passes at once, then the rate).
 
-Real pve-firewall binds guest rules to the guest's interfaces (iptables physdev or the
-``proxmox-firewall`` bridge tables); this emulation matches the CT's static address in the inet
-hooks and pins the address to the port in the bridge family, which is equivalent for CTs with a
-static ``ip=`` and ``ipfilter``. CTs without a static IPv4 address are not filtered (none of ours).
+Real pve-firewall binds guest rules to the guest's interface (iptables physdev or the
+``proxmox-firewall`` bridge tables); so does this emulation: the bridge hook marks what enters from
+a CT's port (``meta mark`` = its VMID) and the routed hooks jump to its OUT chain by that mark, so a
+CT that sends from another's address still meets its own rules. IN rules are chosen by the CT's
+static address (``ip daddr``), which nothing the CT sends can change. CTs without a static IPv4
+address are not filtered (none of ours).
 """
 
 from __future__ import annotations
@@ -76,14 +84,26 @@ def rule_line(rule: Mapping[str, Any]) -> str | None:
     return " ".join([*parts, "counter", verdict])
 
 
+_TRUE = ("1", "on", "yes", "true")
+
+
 def _static_ip(config: Mapping[str, Any]) -> tuple[str, str] | None:
     net = parse_kv(str(config.get("net0", "")))
-    if str(net.get("firewall", "0")) not in ("1", "on", "yes", "true"):
+    if str(net.get("firewall", "0")) not in _TRUE:
         return None
     ip = net.get("ip", "")
     if "/" not in ip:
         return None
     return ip.split("/")[0], net.get("hwaddr", "").lower()
+
+
+def rate_bytes(config: Mapping[str, Any]) -> int:
+    """``net0``'s ``rate`` (MB/s) in bytes per second as pve-container computes it; 0 = none."""
+    raw = parse_kv(str(config.get("net0", ""))).get("rate", "")
+    try:
+        return max(0, int(float(raw) * 1024 * 1024))
+    except ValueError:
+        return 0
 
 
 def guests(state: Mapping[str, Any], node: str) -> list[tuple[int, str, str, Mapping[str, Any]]]:
@@ -101,6 +121,34 @@ def guests(state: Mapping[str, Any], node: str) -> list[tuple[int, str, str, Map
     return out
 
 
+def _port_filters(port: str, ip: str, mac: str, opts: Mapping[str, Any]) -> list[str]:
+    """pve-firewall's layer-2 filter of a CT's port: macfilter (default on) and ipfilter (off unless
+    set), ARP included."""
+    lines: list[str] = []
+    if mac and str(opts.get("macfilter", "1")) in _TRUE:
+        lines.append(f'\t\tiifname "{port}" ether saddr != {mac} counter drop')
+    if str(opts.get("ipfilter", "0")) in _TRUE:
+        lines.append(f'\t\tiifname "{port}" ether type ip ip saddr != {ip} counter drop')
+        lines.append(f'\t\tiifname "{port}" ether type arp arp saddr ip != {ip} counter drop')
+    return lines
+
+
+def _rate_limits(state: Mapping[str, Any], node: str) -> tuple[list[str], list[str]]:
+    """(into the bridge from a CT's port, out of the bridge to it): ``net0``'s ``rate`` of every
+    running CT on ``node`` (tc on PVE, whether or not its firewall is on)."""
+    inbound: list[str] = []
+    outbound: list[str] = []
+    for key, ct in sorted(state.get("cts", {}).items(), key=lambda kv: int(kv[0])):
+        if ct.get("node") != node or ct["config"].get("template"):
+            continue
+        rate = rate_bytes(ct["config"])
+        if rate:
+            port = f"veth{int(key)}i0"
+            inbound.append(f'\t\tiifname "{port}" limit rate over {rate} bytes/second counter drop')
+            outbound.append(f'\t\toifname "{port}" limit rate over {rate} bytes/second counter drop')
+    return inbound, outbound
+
+
 def render(state: Mapping[str, Any], node: str) -> str:
     """The whole emulated firewall of ``node`` as one ``nft -f`` transaction."""
     head = [
@@ -110,9 +158,10 @@ def render(state: Mapping[str, Any], node: str) -> str:
         f"delete table bridge {TABLE}",
     ]
     cluster = (state.get("cluster_firewall") or {}).get("options") or {}
+    inbound, outbound = _rate_limits(state, node)
     if not int(cluster.get("enable", 0)):
-        # Datacenter firewall off: PVE filters no guest at all. Leave empty tables behind.
-        return "\n".join([*head, f"table inet {TABLE} {{\n}}", f"table bridge {TABLE} {{\n}}", ""])
+        # Datacenter firewall off: PVE filters no guest at all (the NICs' rate limits stay: tc).
+        return "\n".join([*head, f"table inet {TABLE} {{\n}}", *_bridge_table([], inbound, outbound), ""])
     inet: list[str] = []
     jumps_out: list[str] = []
     jumps_in: list[str] = []
@@ -129,13 +178,11 @@ def render(state: Mapping[str, Any], node: str) -> str:
             policy = _VERDICT.get(str(opts.get(policy_key, default)), "drop")
             chain += [f"\t\tcounter {policy}", "\t}"]
             inet += chain
-        jumps_out.append(f"\t\tip saddr {ip} jump ct{vmid}-out")
+        jumps_out.append(f"\t\tmeta mark {vmid} jump ct{vmid}-out")
         jumps_in.append(f"\t\tip daddr {ip} jump ct{vmid}-in")
         port = f"veth{vmid}i0"
-        # ipfilter / macfilter at the CT's port: it can only send as itself
-        bridge.append(f'\t\tiifname "{port}" ether type ip ip saddr != {ip} counter drop')
-        if mac:
-            bridge.append(f'\t\tiifname "{port}" ether saddr != {mac} counter drop')
+        bridge += _port_filters(port, ip, mac, opts)
+        bridge.append(f'\t\tiifname "{port}" meta mark set {vmid}')  # its OUT rules follow its port
 
     def base(name: str, hook: str, jumps: list[str]) -> list[str]:
         return [
@@ -151,14 +198,26 @@ def render(state: Mapping[str, Any], node: str) -> str:
     body += base("forward", "forward", jumps_out + jumps_in)
     body += base("input", "input", jumps_out)
     body += base("output", "output", jumps_in)
-    body += [
-        "}",
+    body += ["}", *_bridge_table(bridge, inbound, outbound), ""]
+    return "\n".join([*head, *body])
+
+
+def _bridge_table(filters: list[str], inbound: list[str], outbound: list[str]) -> list[str]:
+    """The layer-2 part: the CT ports' filters and marks, then their rate limits both ways."""
+    return [
         f"table bridge {TABLE} {{",
         "\tchain prerouting {",
         "\t\ttype filter hook prerouting priority filter; policy accept;",
-        *bridge,
+        *filters,
+        *inbound,
+        "\t}",
+        "\tchain output {",
+        "\t\ttype filter hook output priority filter; policy accept;",
+        *outbound,
+        "\t}",
+        "\tchain forward {",
+        "\t\ttype filter hook forward priority filter; policy accept;",
+        *outbound,
         "\t}",
         "}",
-        "",
     ]
-    return "\n".join([*head, *body])

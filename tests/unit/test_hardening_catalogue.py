@@ -104,6 +104,18 @@ def test_waivers_are_real_and_their_tests_consult_them() -> None:
         assert f'waivers["{control}"]' in sources, f"the test of {control} does not consult its waiver"
 
 
+def test_pve_waivers_are_real_and_their_tests_consult_them() -> None:
+    """The PVE-only waivers (waivers.yml ``pve_waivers``: the catalogue's pve-node site) likewise."""
+    waivers = controls.load_waivers(section="pve_waivers")
+    assert waivers, "waivers.yml has no pve_waivers"
+    sources = "".join(p.read_text() for p in HARDENING.glob("test_*.py"))
+    for control, waiver in waivers.items():
+        assert control in controls.BY_ID, control
+        assert callable(getattr(checks, waiver.condition, None)), f"{control}: {waiver.condition}?"
+        assert waiver.reason and waiver.applies_to, control
+        assert f'pve_waivers["{control}"]' in sources, f"the test of {control} ignores its PVE waiver"
+
+
 def test_at_least_five_controls_are_proven_to_fail() -> None:
     from tests.hardening import test_proofs
 

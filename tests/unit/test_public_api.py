@@ -6,6 +6,9 @@ import sandbox_rt
 from sandbox_rt import errors
 
 EXPECTED = {
+    "AsyncExecStream",
+    "AsyncManager",
+    "AsyncSandbox",
     "BackendError",
     "CommandTimeout",
     "ConfigError",
@@ -32,7 +35,9 @@ EXPECTED = {
     "SnapshotInfo",
     "SnapshotNotFound",
     "__version__",
+    "remote",
 }
+SUBPACKAGES = {"remote"}  # in __all__, imported on first use
 
 
 def test_all_is_the_public_api() -> None:
@@ -41,7 +46,17 @@ def test_all_is_the_public_api() -> None:
         assert hasattr(sandbox_rt, name), name
     public = {n for n in dir(sandbox_rt) if not n.startswith("_")}
     modules = {n for n in public if inspect.ismodule(getattr(sandbox_rt, n))}
-    assert public - modules == EXPECTED - {"__version__"}
+    assert public - modules == EXPECTED - {"__version__"} - SUBPACKAGES
+    assert modules >= SUBPACKAGES
+
+
+def test_remote_is_imported_on_first_use() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, sandbox_rt; assert 'httpx' not in sys.modules; sandbox_rt.remote.Client; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
 
 
 def test_every_error_is_a_sandbox_error() -> None:

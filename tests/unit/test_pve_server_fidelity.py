@@ -233,8 +233,15 @@ def test_upload_checks_name_content_and_spool(server: PVETestServer, api: Any, t
 # --- the emulated pve-firewall -------------------------------------------------------------------------
 
 
-def _state(cluster_enable: int, ct_enable: int = 1, internet: int = 0) -> dict[str, Any]:
+def _state(
+    cluster_enable: int,
+    ct_enable: int = 1,
+    internet: int = 0,
+    options: dict[str, Any] | None = None,
+    rate: str = "",
+) -> dict[str, Any]:
     net0 = "name=eth0,bridge=vmbr1,firewall=1,gw=10.98.0.1,hwaddr=BC:24:11:00:00:01,ip=10.98.1.7/16,type=veth"
+    net0 += f",rate={rate}" if rate else ""
     rules = [
         {"type": "out", "action": "ACCEPT", "proto": "tcp", "dport": "80,443", "enable": internet},
         {
@@ -254,7 +261,8 @@ def _state(cluster_enable: int, ct_enable: int = 1, internet: int = 0) -> dict[s
         },
         "firewall": {
             "120": {
-                "options": {"enable": ct_enable, "policy_out": "DROP", "policy_in": "ACCEPT"},
+                "options": {"enable": ct_enable, "policy_out": "DROP", "policy_in": "ACCEPT"}
+                | (options or {}),
                 "rules": rules,
             },
         },
@@ -280,10 +288,36 @@ def test_a_guest_firewall_compiles_to_its_rules_and_policy() -> None:
     out = _chain(text, "ct120-out")
     assert "meta l4proto tcp th dport { 80, 443 } counter accept" in out
     assert "ip daddr 10.98.0.1 meta l4proto udp th dport 53 counter accept" in out
-    assert "ip saddr 10.98.1.7 jump ct120-out" in text
-    assert 'iifname "veth120i0" ether type ip ip saddr != 10.98.1.7 counter drop' in text
+    # its OUT rules follow its port (pve-firewall binds them to the interface), not its address
+    assert "meta mark 120 jump ct120-out" in text
+    assert 'iifname "veth120i0" meta mark set 120' in text
+    assert "ip daddr 10.98.1.7 jump ct120-in" in text
     assert "ct9000" not in text  # templates do not run
     assert pvefw.render(_state(cluster_enable=1, ct_enable=0), NODE).count("jump ct") == 0
+
+
+def test_macfilter_is_on_by_default_and_ipfilter_only_when_set() -> None:
+    mac = 'iifname "veth120i0" ether saddr != bc:24:11:00:00:01 counter drop'
+    ip = 'iifname "veth120i0" ether type ip ip saddr != 10.98.1.7 counter drop'
+    arp = 'iifname "veth120i0" ether type arp arp saddr ip != 10.98.1.7 counter drop'
+    plain = pvefw.render(_state(cluster_enable=1), NODE)
+    assert mac in plain and ip not in plain and arp not in plain  # PVE's defaults
+    filtered = pvefw.render(_state(cluster_enable=1, options={"ipfilter": 1, "macfilter": 1}), NODE)
+    assert mac in filtered and ip in filtered and arp in filtered
+    bare = pvefw.render(_state(cluster_enable=1, options={"macfilter": 0}), NODE)
+    assert mac not in bare
+    # the filters come before the mark (a forged frame is dropped, not marked)
+    assert filtered.index(arp) < filtered.index("meta mark set 120")
+
+
+def test_net0_rate_polices_the_port_both_ways_in_mebibytes() -> None:
+    text = pvefw.render(_state(cluster_enable=1, rate="1.5"), NODE)
+    rate = int(1.5 * 1024 * 1024)
+    assert f'iifname "veth120i0" limit rate over {rate} bytes/second counter drop' in text
+    assert f'oifname "veth120i0" limit rate over {rate} bytes/second counter drop' in text
+    # tc, not the firewall: it holds with the datacenter firewall off too
+    assert f"limit rate over {rate} bytes/second" in pvefw.render(_state(cluster_enable=0, rate="1.5"), NODE)
+    assert "limit rate" not in pvefw.render(_state(cluster_enable=1), NODE)
 
 
 @pytest.mark.skipif(
@@ -291,7 +325,9 @@ def test_a_guest_firewall_compiles_to_its_rules_and_policy() -> None:
 )
 def test_the_compiled_firewall_is_valid_nftables() -> None:
     """``nft -c`` (check only, nothing loaded) accepts what the node engine would load."""
-    for state in (_state(1, internet=1), _state(1, internet=0), _state(0)):
+    filters = {"ipfilter": 1, "macfilter": 1}
+    states = (_state(1, internet=1), _state(1, internet=0), _state(0), _state(1, options=filters, rate="10"))
+    for state in states:
         text = pvefw.render(state, NODE)
         proc = subprocess.run(["nft", "-c", "-f", "-"], input=text, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr + text
