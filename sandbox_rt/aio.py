@@ -125,6 +125,7 @@ class AsyncManager:
         net_mbps: int | None = None,
         disk_mbps: int | None = None,
         disk_iops: int | None = None,
+        root: bool = False,
     ) -> Pending[AsyncSandbox]:
         """``await mgr.create(...)`` or ``async with mgr.create(...) as sb``: :meth:`Manager.create`."""
         kwargs: dict[str, Any] = dict(
@@ -142,6 +143,7 @@ class AsyncManager:
             net_mbps=net_mbps,
             disk_mbps=disk_mbps,
             disk_iops=disk_iops,
+            root=root,
         )
 
         async def make() -> AsyncSandbox:
@@ -329,6 +331,7 @@ class AsyncSandbox:
         stdin: bytes | str | None = None,
         check: bool = False,
         max_output: int = DEFAULT_MAX_OUTPUT,
+        user: str | None = None,
     ) -> ExecResult:
         """:meth:`Sandbox.exec`, awaited (for ``background=True`` use ``sync.exec`` via ``run_sync``)."""
         result: ExecResult = await self._run(
@@ -340,6 +343,7 @@ class AsyncSandbox:
             stdin=stdin,
             check=check,
             max_output=max_output,
+            user=user,
         )
         return result
 
@@ -353,6 +357,7 @@ class AsyncSandbox:
         stdin: bytes | str | None = None,
         check: bool = False,
         max_output: int = DEFAULT_MAX_OUTPUT,
+        user: str | None = None,
     ) -> AsyncExecStream:
         """:meth:`Sandbox.exec_stream` for ``async for``; the command starts when the iteration does."""
         start = functools.partial(
@@ -364,6 +369,7 @@ class AsyncSandbox:
             stdin=stdin,
             check=check,
             max_output=max_output,
+            user=user,
         )
         return AsyncExecStream(start, self._run)
 

@@ -71,10 +71,12 @@ def _parser() -> argparse.ArgumentParser:
             ("--disk-iops", "N", "disk operations/s each of read and write"),
         ):
             sp.add_argument(flag, type=int, metavar=unit, help=f"{what} (default: the host's; 0: no cap)")
+        sp.add_argument("--root", action="store_true", help="commands may run as root (exec --user root)")
 
     run = sub.add_parser("run", help="create a sandbox, run CMD (streaming), destroy it")
     spec_args(run)
     run.add_argument("--timeout", type=_positive_float, help="command timeout in seconds")
+    run.add_argument("--user", help="run CMD as this user: root needs --root (default: the sandbox user)")
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD")
 
     create = sub.add_parser("create", help="create a sandbox and print its id")
@@ -83,11 +85,13 @@ def _parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("exec", help="run CMD in an existing sandbox")
     ex.add_argument("id")
     ex.add_argument("--timeout", type=_positive_float)
+    ex.add_argument("--user", help="root: in a sandbox made with --root (default: the sandbox user)")
     ex.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD")
 
     sh = sub.add_parser("shell", help="an interactive shell in a sandbox, in this terminal")
     sh.add_argument("id")
     sh.add_argument("--command", help="run this instead of the login shell")
+    sh.add_argument("--user", help="root: in a sandbox made with --root (default: the sandbox user)")
 
     sn = sub.add_parser("snapshot", help="save a sandbox's files as a named snapshot (to fork)")
     sn.add_argument("id")
@@ -205,7 +209,7 @@ class _Cli:
         print(json.dumps(data, indent=1, default=str) if self.args.json else text, flush=True)
 
     def _stream(self, sb: Sandbox, words: list[str], timeout: float | None) -> int:
-        stream = sb.exec_stream(_cmd_text(words), timeout=timeout)
+        stream = sb.exec_stream(_cmd_text(words), timeout=timeout, user=self.args.user)
         if self.args.json:
             result = stream.wait()
             self.out(
@@ -242,6 +246,7 @@ class _Cli:
             net_mbps=a.net_mbps,
             disk_mbps=a.disk_mbps,
             disk_iops=a.disk_iops,
+            root=a.root,
             progress=self.progress,
         )
 
@@ -277,7 +282,7 @@ class _Cli:
             sb = mgr.attach(a.id)
             try:
                 cols, rows = local_size()
-                with sb.pty(cols, rows, command=a.command) as term:
+                with sb.pty(cols, rows, command=a.command, user=a.user) as term:
                     return attach_terminal(term)
             finally:
                 sb.close()

@@ -120,6 +120,7 @@ class SandboxLike(Protocol):
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
+        user: str | None = None,
     ) -> ExecResult: ...
 
     def exec_stream(
@@ -130,6 +131,7 @@ class SandboxLike(Protocol):
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
+        user: str | None = None,
     ) -> ExecStreamLike: ...
 
     def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None: ...
@@ -164,6 +166,7 @@ class ManagerLike(Protocol):
         net_mbps: int | None = None,
         disk_mbps: int | None = None,
         disk_iops: int | None = None,
+        root: bool = False,
         from_snapshot: str | None = None,
     ) -> SandboxLike: ...
 
@@ -400,11 +403,13 @@ CREATE_FIELDS: dict[str, tuple[str, bool]] = {
     "net_mbps": ("integer", True),
     "disk_mbps": ("integer", True),
     "disk_iops": ("integer", True),
+    "root": ("boolean", False),
 }
 EXEC_FIELDS: dict[str, tuple[str, bool]] = {
     "command": ("command", False),
     "timeout": ("number", True),
     "cwd": ("string", True),
+    "user": ("string", True),
     "env": ("string_map", True),
     "stdin": ("string", True),
     "stdin_b64": ("string", True),
@@ -443,6 +448,7 @@ def record_json(r: SandboxRecord) -> dict[str, Any]:
         "net_mbps": r.spec.net_mbps,
         "disk_mbps": r.spec.disk_mbps,
         "disk_iops": r.spec.disk_iops,
+        "root": r.spec.root,
     }
 
 
@@ -1298,6 +1304,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         }
         if body.get("max_output") is not None:
             kwargs["max_output"] = body["max_output"]
+        if body.get("user") is not None:
+            kwargs["user"] = body["user"]
         if not stream:
             r = sb.exec(body["command"], **kwargs)
             self._send_json(200, self._result_json(r, encoding, with_output=True))

@@ -193,6 +193,13 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Fork this snapshot (its files, a new identity) instead of the template; "
                 "404 if there is none.",
             },
+            "root": {
+                "type": "boolean",
+                "default": False,
+                "description": "Root on request: commands may run as the sandbox's root (exec with "
+                "user=root), e.g. apt-get install through the egress list. The container stays "
+                "unprivileged; never taken from the warm pool.",
+            },
             **_CAPS_REQUEST,
         },
     },
@@ -274,6 +281,7 @@ _SCHEMAS: dict[str, Any] = {
             "memory_mb": {"type": "integer"},
             "disk_gb": {"type": "integer"},
             "pids_max": {"type": "integer"},
+            "root": {"type": "boolean", "description": "Made with root=True (commands may run as root)."},
             **_CAPS,
         },
     },
@@ -305,6 +313,12 @@ _SCHEMAS: dict[str, Any] = {
                 "error event). Default: the host's command_timeout_s.",
             },
             "cwd": {"type": ["string", "null"], "description": "Absolute path in the sandbox."},
+            "user": {
+                "type": ["string", "null"],
+                "enum": ["sandbox", "root", None],
+                "description": "Who runs it: the sandbox user (default) or root, in a sandbox made with "
+                "root=true (else 400).",
+            },
             "env": {
                 "type": ["object", "null"],
                 "propertyNames": {"pattern": _exact("[A-Za-z_][A-Za-z0-9_]*")},

@@ -24,6 +24,9 @@ from .validation import check_sandbox_id, check_snapshot_name, make_spec
 
 __all__ = ["GcResult", "Manager", "new_sandbox_id"]
 
+# How long root's connection to a running root=True sandbox may take (sshd is up by then).
+ROOT_CONNECT_TIMEOUT_S = 10.0
+
 Progress = Callable[[str], None]
 
 
@@ -132,6 +135,7 @@ class Manager:
         net_mbps: int | None = None,
         disk_mbps: int | None = None,
         disk_iops: int | None = None,
+        root: bool = False,
         from_snapshot: str | None = None,
         progress: Progress | None = None,
     ) -> Sandbox:
@@ -148,6 +152,9 @@ class Manager:
         ``net_mbps`` (Mbit/s each way), ``disk_mbps`` (MB/s) and ``disk_iops`` (each of read and
         write) cap what it takes of the host's network and disk; None: the host's default
         (``settings.default_*``), 0: no cap (see :mod:`sandbox_rt.caps`).
+        ``root=True`` lets commands run as the sandbox's root (``exec(..., user="root")``, e.g. to
+        ``apt-get install`` through its egress list); the container stays unprivileged. Such a
+        sandbox is always made cold (never taken from the warm pool).
         """
         spec = make_spec(
             hostname=hostname,
@@ -163,12 +170,13 @@ class Manager:
             net_mbps=net_mbps if net_mbps is not None else self.settings.default_net_mbps,
             disk_mbps=disk_mbps if disk_mbps is not None else self.settings.default_disk_mbps,
             disk_iops=disk_iops if disk_iops is not None else self.settings.default_disk_iops,
+            root=root,
         )
         if from_snapshot is not None:  # a fork is never a warm-pool sandbox
             check_snapshot_name(from_snapshot)
             snapshot_backend(self.backend)
             return self._create_cold(spec, progress, from_snapshot)
-        if self.pool is not None:
+        if self.pool is not None and not spec.root:  # pool sandboxes start without root
             warm = self.pool.take()
             if warm is not None:
                 try:
@@ -223,11 +231,20 @@ class Manager:
             backend.end(sandbox_id)
 
     def _connect(self, record: SandboxRecord, key: paramiko.PKey) -> Sandbox:
-        executor = SSHExecutor(
-            record.ip, user=self.settings.ssh_user, key=key, host_key=parse_public_key(record.host_key)
+        def connect_as(user: str) -> SSHExecutor:
+            executor = SSHExecutor(record.ip, user=user, key=key, host_key=parse_public_key(record.host_key))
+            # the sandbox user's first connection waits for a booting sshd; root's comes later
+            wait = self.settings.ssh_ready_timeout_s
+            executor.connect(wait if user == self.settings.ssh_user else min(wait, ROOT_CONNECT_TIMEOUT_S))
+            return executor
+
+        return Sandbox(
+            record,
+            self.backend,
+            connect_as(self.settings.ssh_user),
+            self.settings.command_timeout_s,
+            connect_as if record.spec.root else None,
         )
-        executor.connect(self.settings.ssh_ready_timeout_s)
-        return Sandbox(record, self.backend, executor, self.settings.command_timeout_s)
 
     def attach(self, sandbox_id: str) -> Sandbox:
         """Reconnect to an existing sandbox by id (from this or another process)."""

@@ -79,6 +79,10 @@ class SandboxSpec:
     net_mbps: int = 0
     disk_mbps: int = 0
     disk_iops: int = 0
+    # root on request: commands may run as the sandbox's root (``exec(..., user="root")``); the
+    # container stays unprivileged (its root is an unprivileged host uid without Docker's dropped
+    # capabilities). Set at creation only: a sandbox never gains or loses it.
+    root: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

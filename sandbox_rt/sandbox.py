@@ -8,7 +8,7 @@ import posixpath
 import stat
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
 
@@ -31,6 +31,7 @@ from .validation import (
     check_remote_path,
     check_snapshot_name,
     check_timeout,
+    check_user,
     make_spec,
 )
 
@@ -43,11 +44,19 @@ class Sandbox:
     """A sandbox the caller holds. Use it as a context manager: leaving the block destroys it."""
 
     def __init__(
-        self, record: SandboxRecord, backend: Backend, executor: SSHExecutor, default_timeout_s: float
+        self,
+        record: SandboxRecord,
+        backend: Backend,
+        executor: SSHExecutor,
+        default_timeout_s: float,
+        connect_as: Callable[[str], SSHExecutor] | None = None,
     ) -> None:
         self.record = record
         self._backend = backend
         self._ssh = executor
+        # a second connection for commands as root (root=True sandboxes), opened when first needed
+        self._connect_as = connect_as
+        self._root_ssh: SSHExecutor | None = None
         self._default_timeout = default_timeout_s
         self._destroyed = False
         self._lock = threading.Lock()
@@ -100,6 +109,7 @@ class Sandbox:
         check: bool = False,
         background: Literal[False] = False,
         max_output: int = DEFAULT_MAX_OUTPUT,
+        user: str | None = None,
     ) -> ExecResult: ...
 
     @overload
@@ -114,6 +124,7 @@ class Sandbox:
         check: bool = False,
         background: Literal[True],
         max_output: int = DEFAULT_MAX_OUTPUT,
+        user: str | None = None,
     ) -> BackgroundProcess: ...
 
     def exec(
@@ -127,8 +138,10 @@ class Sandbox:
         check: bool = False,
         background: bool = False,
         max_output: int = DEFAULT_MAX_OUTPUT,
+        user: str | None = None,
     ) -> ExecResult | BackgroundProcess:
-        """Run a command as the sandbox user and wait for it.
+        """Run a command as the sandbox user and wait for it (``user="root"``: as root, in a sandbox
+        made with ``root=True``; otherwise a ConfigError).
 
         A non-zero exit is a result (``exit_code``), unless ``check=True`` (then ExecError).
         On timeout the whole process group is killed and CommandTimeout carries the output so far.
@@ -140,12 +153,15 @@ class Sandbox:
         """
         text, t, cwd_, env_, data = self._prepare(command, timeout, cwd, env, stdin)
         cap = check_max_bytes(max_output, "max_output")
+        ssh = self._executor_for(user)
         if background:
             if stdin is not None or check:
                 raise ConfigError("background=True takes neither stdin nor check")
+            if ssh is not self._ssh:
+                raise ConfigError("background processes run as the sandbox user (user=None)")
             return BackgroundProcess.start(self, text, cwd=cwd_, env=env_)
         started = time.monotonic()
-        raw = self._ssh.run(text, timeout=t, cwd=cwd_, env=env_, stdin=data, max_output=cap)
+        raw = ssh.run(text, timeout=t, cwd=cwd_, env=env_, stdin=data, max_output=cap)
         result = result_of(text, raw, time.monotonic() - started)
         if check and result.exit_code != 0:
             raise ExecError(text, result.exit_code, result.stdout, result.stderr)
@@ -161,6 +177,7 @@ class Sandbox:
         stdin: bytes | str | None = None,
         check: bool = False,
         max_output: int = DEFAULT_MAX_OUTPUT,
+        user: str | None = None,
     ) -> ExecStream:
         """Like :meth:`exec`, but yields output chunks while the command runs.
 
@@ -168,7 +185,8 @@ class Sandbox:
         """
         text, t, cwd_, env_, data = self._prepare(command, timeout, cwd, env, stdin)
         cap = check_max_bytes(max_output, "max_output")
-        chunks = self._ssh.stream(text, timeout=t, cwd=cwd_, env=env_, stdin=data, max_output=cap)
+        ssh = self._executor_for(user)
+        chunks = ssh.stream(text, timeout=t, cwd=cwd_, env=env_, stdin=data, max_output=cap)
         return ExecStream(chunks, text, check)
 
     def _prepare(
@@ -190,12 +208,37 @@ class Sandbox:
         return text, t, cwd, check_env(env), data
 
     def pty(
-        self, cols: int = 80, rows: int = 24, *, command: str | None = None, term: str = "xterm-256color"
+        self,
+        cols: int = 80,
+        rows: int = 24,
+        *,
+        command: str | None = None,
+        term: str = "xterm-256color",
+        user: str | None = None,
     ) -> Pty:
         """An interactive terminal running the sandbox user's login shell (or ``command``): write
-        keys, read output, resize; close it when done (``with sb.pty() as t: ...``)."""
+        keys, read output, resize; close it when done (``with sb.pty() as t: ...``).
+        ``user="root"``: root's shell, in a sandbox made with ``root=True``."""
         self._check_alive()
-        return Pty(self._ssh, cols=cols, rows=rows, command=command, term=term)
+        return Pty(self._executor_for(user), cols=cols, rows=rows, command=command, term=term)
+
+    @property
+    def root(self) -> bool:
+        """Whether commands may run as root here (the sandbox was made with ``root=True``)."""
+        return self.record.spec.root
+
+    def _executor_for(self, user: str | None) -> SSHExecutor:
+        """The connection for commands as ``user``: the sandbox user's, or root's (opened once)."""
+        who = check_user(user, default=self._ssh.user, root_allowed=self.record.spec.root)
+        if who == self._ssh.user:
+            return self._ssh
+        with self._lock:
+            self._check_alive()
+            if self._root_ssh is None or not self._root_ssh.is_connected():
+                if self._connect_as is None:
+                    raise ConfigError("this handle cannot open a root connection (made without a manager)")
+                self._root_ssh = self._connect_as(who)
+            return self._root_ssh
 
     # -- files -----------------------------------------------------------------------------------
     def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
@@ -355,6 +398,8 @@ class Sandbox:
         """Drop the SSH connection and port forwards; the sandbox keeps running (see :meth:`destroy`)."""
         self._close_forwards()
         self._ssh.close()
+        if self._root_ssh is not None:
+            self._root_ssh.close()
 
     def destroy(self) -> None:
         """Stop and remove the sandbox and everything it holds. Idempotent."""
@@ -363,6 +408,8 @@ class Sandbox:
                 return
             self._close_forwards()
             self._ssh.close()
+            if self._root_ssh is not None:
+                self._root_ssh.close()
             self._backend.destroy(self.id)
             self._destroyed = True
 

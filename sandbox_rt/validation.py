@@ -90,6 +90,7 @@ def make_spec(
     net_mbps: int = DEFAULT_NET_MBPS,
     disk_mbps: int = DEFAULT_DISK_MBPS,
     disk_iops: int = DEFAULT_DISK_IOPS,
+    root: bool = False,
     host_cpus: int | None = None,
 ) -> SandboxSpec:
     """Validate ``create`` arguments into a :class:`SandboxSpec` or raise ConfigError."""
@@ -118,7 +119,7 @@ def make_spec(
         if not 0 <= v <= top:
             raise ConfigError(f"{cap_name}={cap!r} must be between 0 (no cap) and {top}")
         caps[cap_name] = int(v)
-    for flag_name, flag in (("internet", internet), ("detached", detached)):
+    for flag_name, flag in (("internet", internet), ("detached", detached), ("root", root)):
         if not isinstance(flag, bool):
             raise ConfigError(f"{flag_name}={flag!r} must be True or False")
     if ttl_s is not None:
@@ -143,6 +144,7 @@ def make_spec(
         ttl_s=int(ttl_s) if ttl_s is not None else None,
         detached=detached,
         egress=check_egress(egress),
+        root=root,
         **caps,
     )
 
@@ -270,3 +272,20 @@ def check_max_bytes(value: int, name: str = "max_bytes") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name}={value!r} must be a whole number of bytes, at least 1")
     return value
+
+
+ROOT_USER = "root"
+
+
+def check_user(user: object, *, default: str, root_allowed: bool) -> str:
+    """Whom a command runs as: ``None`` or the sandbox user (``default``), or ``"root"`` in a sandbox
+    made with ``root=True``; anything else is a ConfigError."""
+    if user is None or user == default:
+        return default
+    if user != ROOT_USER:
+        raise ConfigError(
+            f"user={user!r}: commands run as {default!r} or, in a sandbox made with root=True, 'root'"
+        )
+    if not root_allowed:
+        raise ConfigError("user='root' needs a sandbox made with root=True (create(root=True))")
+    return ROOT_USER

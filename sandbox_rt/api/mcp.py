@@ -294,6 +294,9 @@ class SandboxMcp:
             net_mbps: Annotated[int | None, Field(description="network cap, Mbit/s each way")] = None,
             disk_mbps: Annotated[int | None, Field(description="disk bandwidth cap, MB/s")] = None,
             disk_iops: Annotated[int | None, Field(description="disk operations per second cap")] = None,
+            root: Annotated[
+                bool, Field(description="commands may run as root (run_command user=root), e.g. apt-get")
+            ] = False,
         ) -> Annotated[CallToolResult, SandboxView]:
             spec: dict[str, Any] = {
                 "cpus": cpus,
@@ -309,6 +312,7 @@ class SandboxMcp:
                 "net_mbps": net_mbps,
                 "disk_mbps": disk_mbps,
                 "disk_iops": disk_iops,
+                "root": root,
             }
             return await self._run(ctx, lambda key: self._create(key, spec), ok, o.max_output)
 
@@ -333,6 +337,9 @@ class SandboxMcp:
             max_output: Annotated[
                 int | None, Field(description=f"bytes kept of each stream, at most {o.max_output_limit}")
             ] = None,
+            user: Annotated[
+                str | None, Field(description="root, in a sandbox made with root=true (default: the user)")
+            ] = None,
         ) -> Annotated[CallToolResult, CommandResult]:
             try:
                 cap = self._cap(max_output, o.max_output, o.max_output_limit, "max_output")
@@ -341,7 +348,9 @@ class SandboxMcp:
 
             def work(key: str) -> ExecResult:
                 sandbox = sessions.get(key, sandbox_id)
-                return sandbox.exec(command, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=cap)
+                return sandbox.exec(
+                    command, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=cap, user=user
+                )
 
             return await self._run(ctx, work, lambda r: command_answer(r, cap), cap)
 

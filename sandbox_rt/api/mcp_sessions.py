@@ -69,6 +69,7 @@ class SandboxLike(Protocol):
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
         max_output: int = ...,
+        user: str | None = None,
     ) -> ExecResult: ...
 
     def read_file(self, path: str, *, max_bytes: int = ...) -> bytes: ...
@@ -105,6 +106,7 @@ class ManagerLike(Protocol):
         net_mbps: int | None = None,
         disk_mbps: int | None = None,
         disk_iops: int | None = None,
+        root: bool = False,
         from_snapshot: str | None = None,
     ) -> SandboxLike: ...
 

@@ -24,6 +24,7 @@ import errno
 import ipaddress
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from ..errors import BackendError
@@ -48,6 +49,7 @@ _OPEN_TREE_CLONE = 1
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _MOUNT_ATTR_IDMAP = 0x00100000
 _MNT_DETACH = 2
+_USERNS_START_TIMEOUT_S = 10.0  # unshare --user entering its namespace, on a very busy host
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -116,15 +118,23 @@ def _userns_fd(inner: int, outer: int, count: int) -> int:
     )
     try:
         own = os.readlink("/proc/self/ns/user")
-        for _ in range(2000):  # until the child has entered its namespace (a few hundred µs)
+        # until the child has entered its namespace: a few hundred µs when idle, longer on a busy
+        # host (a bound on attempts alone failed creates under load); yield first, then nap
+        deadline = time.monotonic() + _USERNS_START_TIMEOUT_S
+        attempt = 0
+        while True:
             with contextlib.suppress(OSError):
                 if os.readlink(f"/proc/{holder.pid}/ns/user") != own:
                     break
             if holder.poll() is not None:
                 raise OSError(errno.ESRCH, "unshare --user exited", "unshare")
-            os.sched_yield()
-        else:
-            raise OSError(errno.ETIMEDOUT, "unshare --user did not start", "unshare")
+            if time.monotonic() > deadline:
+                raise OSError(errno.ETIMEDOUT, "unshare --user did not start", "unshare")
+            attempt += 1
+            if attempt < 500:
+                os.sched_yield()
+            else:
+                time.sleep(0.001)  # polling /proc for the child's namespace
         for name in ("uid_map", "gid_map"):
             with open(f"/proc/{holder.pid}/{name}", "w") as fh:
                 fh.write(f"{inner} {outer} {count}\n")

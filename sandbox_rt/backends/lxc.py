@@ -60,6 +60,7 @@ from .hostcaps import (
 from .idmap import ID_RANGE, idmap_base_for, idmapped_bind, shift_owners, subid_ranges_cover, unmount
 from .intents import CreateMarkers
 from .owner import owner_alive, process_start_time
+from .records import ROOT_ENV, spec_from_json, spec_to_json
 
 __all__ = ["LxcBackend", "cgroup_limit_lines", "cgroup_limits"]
 
@@ -190,15 +191,6 @@ class _Background:
             raise self._error
 
 
-def _spec_to_json(spec: SandboxSpec) -> dict[str, Any]:
-    return dataclasses.asdict(spec)
-
-
-def _spec_from_json(data: dict[str, Any]) -> SandboxSpec:
-    known = {f.name for f in dataclasses.fields(SandboxSpec)}
-    values = {k: v for k, v in data.items() if k in known}
-    values["egress"] = tuple(values.get("egress") or ())
-    return SandboxSpec(**values)
 
 
 class LxcBackend:
@@ -379,6 +371,7 @@ class LxcBackend:
                 f"lxc.net.0.hwaddr = {mac_for_ip(ip)}",
                 f"lxc.net.0.veth.pair = sbx{sandbox_id[4:]}",
                 *limits,
+                *([f"lxc.environment = {ROOT_ENV}"] if spec.root else []),
             ]
             tmp = cdir / "config.new"
             tmp.write_text("\n".join([*lines, *extra]) + "\n")
@@ -504,7 +497,7 @@ class LxcBackend:
 
     def _write_record(self, record: SandboxRecord, owner_start: int | None) -> None:
         data = dataclasses.asdict(record)
-        data["spec"] = _spec_to_json(record.spec)
+        data["spec"] = spec_to_json(record.spec)
         data["owner_start_time"] = owner_start
         path = self._dir(record.id) / RECORD_FILE
         tmp = path.with_suffix(".tmp")
@@ -520,7 +513,7 @@ class LxcBackend:
         except (OSError, ValueError) as exc:
             raise BackendError(f"record of {sandbox_id} is unreadable: {exc}", step="attach") from exc
         extra = {"owner_start_time": data.pop("owner_start_time", None)}
-        data["spec"] = _spec_from_json(data["spec"])
+        data["spec"] = spec_from_json(data["spec"])
         return SandboxRecord(**data), extra
 
     def start(self, sandbox_id: str) -> SandboxRecord:
@@ -584,7 +577,7 @@ class LxcBackend:
         new = dataclasses.replace(
             record,
             hostname=hostname,
-            spec=dataclasses.replace(spec, hostname=hostname),
+            spec=dataclasses.replace(spec, hostname=hostname, root=record.spec.root),  # root: set at creation
             expires_at=now + spec.ttl_s if spec.ttl_s else None,
         )
         self._write_record(new, owner_start=process_start_time(new.owner_pid))

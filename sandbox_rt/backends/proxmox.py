@@ -60,6 +60,7 @@ from . import vmids
 from .base import GcCandidate
 from .intents import CreateMarkers
 from .owner import owner_alive, process_start_time
+from .records import ROOT_ENV, spec_from_json, spec_to_json
 
 __all__ = ["ProxmoxBackend"]
 
@@ -81,10 +82,6 @@ def _bool(value: bool) -> int:
 
 def _tags(raw: Any) -> set[str]:
     return {t for t in re.split(r"[;, ]+", str(raw or "")) if t}
-
-
-def _spec_json(spec: SandboxSpec) -> dict[str, Any]:
-    return dataclasses.asdict(spec)
 
 
 class ProxmoxBackend:
@@ -306,7 +303,7 @@ class ProxmoxBackend:
 
     def _record_line(self, record: SandboxRecord) -> str:
         data = dataclasses.asdict(record)
-        data["spec"] = _spec_json(record.spec)
+        data["spec"] = spec_to_json(record.spec)
         data["host_key"] = ""  # the published key line is the source of truth
         data["owner_start_time"] = process_start_time(record.owner_pid)
         return RECORD_PREFIX + json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -401,6 +398,10 @@ class ProxmoxBackend:
                 "nameserver": self.settings.dns_server,
             }
             ct = self._ct(node, vmid)
+            if spec.root:  # PID 1's marker (backends/records.py)
+                config["env"] = ROOT_ENV
+            elif snapshot is not None and "env" in self._call("clone", lambda: ct.config.get()):
+                config["delete"] = "env"  # a full clone of a root sandbox's snapshot copied it
             self._retrying("configure", lambda: ct.config.put(**config), vmid=vmid)
         self._resize(node, vmid, spec.disk_gb)
         if snapshot is not None:
@@ -471,7 +472,7 @@ class ProxmoxBackend:
         new = dataclasses.replace(
             record,
             hostname=hostname,
-            spec=dataclasses.replace(spec, hostname=hostname),
+            spec=dataclasses.replace(spec, hostname=hostname, root=record.spec.root),  # root: set at creation
             expires_at=now + spec.ttl_s if spec.ttl_s else None,
         )
         tags = [TAG, record.id, f"ip-{record.ip}"]
@@ -565,11 +566,7 @@ class ProxmoxBackend:
         if data is None:
             raise BackendError(f"CT {vmid} carries no sandbox-rt record", step="attach")
         data.pop("owner_start_time", None)
-        spec_data = data.pop("spec", {})
-        known = {f.name for f in dataclasses.fields(SandboxSpec)}
-        spec_values = {k: v for k, v in spec_data.items() if k in known}
-        spec_values["egress"] = tuple(spec_values.get("egress") or ())
-        spec = SandboxSpec(**spec_values)
+        spec = spec_from_json(data.pop("spec", {}))
         data["host_key"] = self._host_key_of(description)
         return SandboxRecord(spec=spec, **data)
 

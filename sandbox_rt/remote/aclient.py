@@ -123,6 +123,7 @@ class AsyncClient:
         net_mbps: int | None = None,
         disk_mbps: int | None = None,
         disk_iops: int | None = None,
+        root: bool = False,
     ) -> Pending[AsyncRemoteSandbox]:
         """``await client.create(...)``, or ``async with client.create(...) as sb`` to have it
         destroyed at the end of the block (arguments as :meth:`remote.Client.create`)."""
@@ -141,6 +142,7 @@ class AsyncClient:
             net_mbps=net_mbps,
             disk_mbps=disk_mbps,
             disk_iops=disk_iops,
+            root=root,
         )
 
         async def make() -> AsyncRemoteSandbox:
@@ -260,12 +262,20 @@ class AsyncRemoteSandbox:
         check: bool = False,
         background: bool = False,
         max_output: int = DEFAULT_MAX_OUTPUT,
+        user: str | None = None,
     ) -> ExecResult:
         self._alive()
         if background:
             raise ConfigError("background=True is not offered by the HTTP API yet; run it in-process")
         body = wire.exec_body(
-            command, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output, stream=False
+            command,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            max_output=max_output,
+            stream=False,
+            user=user,
         )
         text = wire.command_text(command)
         result = await self._client._send(calls.exec_json(self.id, body, timeout, max_output, text))
@@ -281,11 +291,19 @@ class AsyncRemoteSandbox:
         stdin: bytes | str | None = None,
         check: bool = False,
         max_output: int = DEFAULT_MAX_OUTPUT,
+        user: str | None = None,
     ) -> AsyncRemoteExecStream:
         """For ``async for``; nothing is sent until the iteration starts."""
         self._alive()
         body = wire.exec_body(
-            command, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output, stream=True
+            command,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            max_output=max_output,
+            stream=True,
+            user=user,
         )
         text = wire.command_text(command)
         ctx = ErrorContext(sandbox_id=self.id, command=text, max_output=max_output)

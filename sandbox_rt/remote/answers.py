@@ -210,6 +210,7 @@ def parse_record(value: Any) -> SandboxRecord:
         disk_gb=read_int(get("disk_gb"), "sandbox.disk_gb"),
         pids_max=read_int(get("pids_max"), "sandbox.pids_max"),
         labels=read_labels(get("labels"), "sandbox.labels"),
+        root=read_bool(data["root"], "sandbox.root") if "root" in data else False,  # newer servers
     )
     return SandboxRecord(
         id=read_sandbox_id(get("id"), "sandbox.id"),

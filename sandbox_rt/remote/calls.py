@@ -59,6 +59,7 @@ def create(
     net_mbps: int | None = None,
     disk_mbps: int | None = None,
     disk_iops: int | None = None,
+    root: bool | None = None,
 ) -> Call[SandboxStatus]:
     """``POST /v1/sandboxes``; fields left None take the server's defaults."""
     if egress is not None and (isinstance(egress, str | bytes) or not isinstance(egress, Sequence)):
@@ -80,6 +81,7 @@ def create(
         "net_mbps": net_mbps,
         "disk_mbps": disk_mbps,
         "disk_iops": disk_iops,
+        "root": root or None,  # sent only when asked for (servers without it answer 400 otherwise)
     }
     body = {k: v for k, v in fields.items() if v is not None}
     return Call(

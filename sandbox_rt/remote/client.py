@@ -129,6 +129,7 @@ class Client:
         net_mbps: int | None = None,
         disk_mbps: int | None = None,
         disk_iops: int | None = None,
+        root: bool = False,
     ) -> RemoteSandbox:
         """A new sandbox (all or nothing, on the server). ``ttl_s`` None: the server's default;
         ``detached`` None: the API's default (true: it lives by its TTL, not by the server process)."""
@@ -148,6 +149,7 @@ class Client:
                 net_mbps=net_mbps,
                 disk_mbps=disk_mbps,
                 disk_iops=disk_iops,
+                root=root,
             )
         )
         return RemoteSandbox(self, status)
@@ -274,6 +276,7 @@ class RemoteSandbox:
         check: bool = False,
         background: bool = False,
         max_output: int = DEFAULT_MAX_OUTPUT,
+        user: str | None = None,
     ) -> ExecResult:
         """Run a command and wait for it, as :meth:`sandbox_rt.Sandbox.exec` (the server keeps at
         most ``max_output`` bytes of each stream; the result says what was dropped)."""
@@ -281,7 +284,14 @@ class RemoteSandbox:
         if background:
             raise ConfigError("background=True is not offered by the HTTP API yet; run it in-process")
         body = wire.exec_body(
-            command, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output, stream=False
+            command,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            max_output=max_output,
+            stream=False,
+            user=user,
         )
         text = wire.command_text(command)
         result = self._client._send(calls.exec_json(self.id, body, timeout, max_output, text))
@@ -297,12 +307,20 @@ class RemoteSandbox:
         stdin: bytes | str | None = None,
         check: bool = False,
         max_output: int = DEFAULT_MAX_OUTPUT,
+        user: str | None = None,
     ) -> RemoteExecStream:
         """Like :meth:`exec`, yielding output chunks as they arrive; ``max_output`` bounds only what
         the final ``result`` keeps. Nothing is sent until the iteration starts."""
         self._alive()
         body = wire.exec_body(
-            command, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output, stream=True
+            command,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            max_output=max_output,
+            stream=True,
+            user=user,
         )
         text = wire.command_text(command)
         ctx = ErrorContext(sandbox_id=self.id, command=text, max_output=max_output)

@@ -119,6 +119,7 @@ def exec_body(
     stdin: bytes | str | None,
     max_output: int,
     stream: bool,
+    user: str | None = None,
 ) -> dict[str, Any]:
     """The exec request (checked here what the client can check: the rest is the server's 400)."""
     if isinstance(command, bytes) or not isinstance(command, str | Sequence):
@@ -137,6 +138,10 @@ def exec_body(
         body["cwd"] = check_remote_path(cwd, "cwd")
     if env:
         body["env"] = dict(env)
+    if user is not None:
+        if not isinstance(user, str):
+            raise ConfigError(f"user={user!r:.60} must be a string ('root' or the sandbox user)")
+        body["user"] = user
     if stdin is not None:
         if not isinstance(stdin, bytes | str):
             raise ConfigError(f"stdin must be bytes or str, not {type(stdin).__name__}")

@@ -88,6 +88,9 @@ class Target:
     settings: sandbox_rt.Settings
     container: str = ""
     site: Site | None = None
+    # root over the runtime's SSH (a sandbox made with root=True): run_root and the as_root checks
+    # then run as what an agent holds there, not through lxc-attach
+    root_login: bool = False
 
     @property
     def id(self) -> str:
@@ -128,6 +131,9 @@ def run_user(t: Target, command: str, timeout: float = 30) -> sandbox_rt.ExecRes
 
 
 def run_root(t: Target, command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    if t.root_login:
+        r = t.sb.exec(["/bin/sh", "-c", command], timeout=timeout, user="root")
+        return subprocess.CompletedProcess(["ssh", "root", command], r.exit_code, r.text, r.stderr_text)
     site = site_of(t)
     return site.run(
         "lxc-attach", "-P", site.lxc_path, "-n", t.ct, "--clear-env", "--", "/bin/sh", "-c", command,
@@ -325,6 +331,9 @@ def _connect(t: Target, user: str, **kwargs: Any) -> paramiko.SSHClient:
 def check_root_login_refused(t: Target) -> None:
     c = "SBX-SSH-01"
     require(c, sshd_value(sshd_settings(t), "permitrootlogin") == "no", "PermitRootLogin is not no")
+    # what /sbin/sandbox-init writes only in a root=True sandbox (SBX-ESC-27) is not here
+    for path in ("/etc/ssh/sshd_config.root", "/etc/ssh/authorized_keys/root"):
+        require(c, not t.root.file(path).exists, f"{path} exists in a sandbox made without root")
     try:
         _connect(t, "root").close()
     except paramiko.AuthenticationException:
@@ -1604,3 +1613,65 @@ def overlay_disk_unbounded(t: Target, disk_gb: int) -> tuple[bool, str]:
         kind.startswith("overlay") and same_fs and wrote,
         f"rootfs {kind}, upper on the LXC path's fs: {same_fs}, allocated {size} MiB: {wrote}",
     )
+
+
+# -- root on request (SBX-ESC-27) -------------------------------------------------------------------
+# Docker's default capability set (moby oci/caps/defaults.go) less net_raw (SBX-NET-15): all that the
+# root of a root=True sandbox holds. Pinned here, not read from the role: widening the set fails.
+DOCKER_DEFAULT_CAPS = frozenset(
+    {"chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap", "net_bind_service",
+     "net_raw", "sys_chroot", "mknod", "audit_write", "setfcap"}
+)  # fmt: skip
+ROOT_ON_REQUEST_CAPS = DOCKER_DEFAULT_CAPS - {"net_raw"}
+
+
+def as_root_login(t: Target, root_host: Host) -> Target:
+    """``t`` (a root=True sandbox) with its container root reached as an agent reaches it: SSH."""
+    return dataclasses.replace(t, root=root_host, root_login=True)
+
+
+def check_root_on_request(t: Target) -> None:
+    """SBX-ESC-27: root over the runtime's SSH in a sandbox made with root=True is uid 0 of an
+    unprivileged container holding at most Docker's default capabilities less net_raw, filtered,
+    with no new privileges; every escape and kernel-surface attempt fails for it as it does for the
+    container root lxc-attach gives; it cannot change its address or send raw frames."""
+    c = "SBX-ESC-27"
+    require(c, t.root_login and t.sb.root, "the target is not a root=True sandbox reached as root over SSH")
+    r = run_root(t, "id -u; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status")
+    require(c, r.returncode == 0, f"root over SSH failed: {r.stderr}")
+    lines = r.stdout.split("\n")
+    fields = dict(line.split(":\t", 1) for line in lines[1:] if ":\t" in line)
+    require(c, lines[0] == "0", f"root's shell is uid {lines[0]}")
+    want = sum(1 << CAPS[cap] for cap in ROOT_ON_REQUEST_CAPS)
+    for key in ("CapEff", "CapBnd"):
+        got = int(fields.get(key, "0"), 16)
+        extra = sorted(name for name, bit in CAPS.items() if got & (1 << bit) and not want & (1 << bit))
+        require(c, not extra, f"root holds {extra} beyond Docker's default set ({key} {got:x})")
+        require(c, got == want, f"root's {key} {got:x} is not Docker's default set less net_raw {want:x}")
+    require(c, fields.get("NoNewPrivs") == "1" and fields.get("Seccomp") == "2", f"root runs {fields}")
+    require(c, uid_map_outside(t) != 0, "the container's root is the host's root")
+    # the kernel surface, as that root: every call the filter refuses is refused with its errno
+    got = kernel_probe(t, *FAMILY_CONTROLS, as_root=True)
+    bad = {
+        f"{family}:{call}": (res["ret"], _errname(res["errno"]))
+        for family in FAMILY_CONTROLS
+        for call, res in got[family].items()
+        if (res["ret"], res["errno"]) != (-1, FILTER_ERRNO.get(call, EPERM))
+    }
+    require(c, not bad, f"root over SSH got answers other than the filter's: {bad}")
+    # the shell-level escapes, as that root
+    for check in (check_no_mounts, check_no_modules, check_no_user_namespaces, check_proc_sys_readonly):
+        check(t)
+    changed = _attempts(
+        t,
+        ["ip addr add 10.123.0.9/32 dev eth0", "ip link set eth0 address 02:00:00:00:00:09",
+         "python3 -c 'import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW)'",
+         "python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)'"],
+        as_root=True,
+    )  # fmt: skip
+    require(c, not changed, f"root over SSH could: {changed}")
+
+
+def uid_map_outside(t: Target) -> int:
+    """The host uid the sandbox's root is (the first line of PID 1's uid_map, as the host reads it)."""
+    return int(Path(f"/proc/{init_pid(t)}/uid_map").read_text().split()[1])

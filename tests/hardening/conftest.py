@@ -252,7 +252,11 @@ def make_with_net_caps(settings: Settings, workdir: Path) -> Iterator[Factory]:
 
 
 @pytest.fixture(scope="package")
-def _testnet_session(settings: Settings) -> Iterator[SimNet]:
+def _testnet_session(settings: Settings, request: pytest.FixtureRequest) -> Iterator[SimNet]:
+    if sites.PVE_NODE in SITES:
+        # The emulated node first: its site.yml builds the OS template on this machine from Debian's
+        # mirror, and the test network takes 203.0.113.0/24 over, where a machine's mirror may live.
+        request.getfixturevalue("emulated_pve")
     with simulated_network(SimNet(bridge=settings.bridge, gateway=settings.gateway)) as net:
         yield net
 

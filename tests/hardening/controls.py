@@ -106,7 +106,8 @@ CONTROLS: tuple[Control, ...] = (
        "roles/sandbox_runtime"),
     # -- sshd -------------------------------------------------------------------------------------
     _c("SBX-SSH-01", "sshd refuses root",
-       "`sshd -T`: permitrootlogin no; root with the runtime's key is refused",
+       "`sshd -T`: permitrootlogin no; root with the runtime's key is refused; the root login files "
+       "/sbin/sandbox-init writes only in a root=True sandbox (SBX-ESC-27) are absent",
        (), "roles/sandbox_template/templates/sshd_config.j2"),
     _c("SBX-SSH-02", "sshd refuses passwords",
        "`sshd -T`: password/keyboard-interactive off, publickey only; a password login is not even offered",
@@ -373,6 +374,14 @@ CONTROLS: tuple[Control, ...] = (
        "user's shell carry NoNewPrivs; setuid sudo stops at the flag (both backends)",
        (), _LXC_CONF + " (lxc.no_new_privs)",
        "roles/sandbox_template/templates/sandbox-init.j2 (PVE: setpriv)"),
+    _c("SBX-ESC-27", "root on request stays confined",
+       "in a sandbox made with root=True, root over the runtime's SSH is uid 0 of the unprivileged "
+       "container with exactly Docker's default capabilities less net_raw (CapEff and CapBnd), "
+       "NoNewPrivs and the filter; every kernel-surface call the filter refuses is refused to it, "
+       "mounts, modules, user namespaces and /proc/sys writes fail, and it can change neither its "
+       "address nor its MAC nor open raw sockets (both backends)",
+       (), _LXC_CONF + " (lxc.cap.drop)", "roles/sandbox_template/templates/sandbox-init.j2",
+       "sandbox_rt/backends/records.py (ROOT_ENV)"),
     # -- access -----------------------------------------------------------------------------------
     _c("SBX-ACC-01", "the runtime's credential is scoped",
        "LXC: the SSH key is root-only and only logs in as `sandbox`; PVE: the API token is confined to "

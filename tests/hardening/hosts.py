@@ -126,10 +126,13 @@ def known_hosts_path(workdir: Path, sb: sandbox_rt.Sandbox) -> Path:
     return workdir / f"known_hosts.{sb.id}"
 
 
-def sandbox_host(sb: sandbox_rt.Sandbox, settings: sandbox_rt.Settings, workdir: Path) -> Host:
+def sandbox_host(
+    sb: sandbox_rt.Sandbox, settings: sandbox_rt.Settings, workdir: Path, user: str | None = None
+) -> Host:
+    """testinfra over the runtime's SSH (pinned host key) as the sandbox user, or ``user``."""
     known = write_known_hosts(known_hosts_path(workdir, sb), sb.ip, sb.record.host_key)
     backend = PinnedParamikoBackend(
-        f"{settings.ssh_user}@{sb.ip}", known, ssh_identity_file=str(settings.ssh_key)
+        f"{user or settings.ssh_user}@{sb.ip}", known, ssh_identity_file=str(settings.ssh_key)
     )
     return Host(backend)
 

@@ -12,7 +12,7 @@ from testinfra.host import Host
 
 from tests.integration.provision_helpers import wait_for
 
-from . import checks
+from . import checks, hosts
 from .checks import Target
 from .conftest import Factory
 from .controls import Waiver
@@ -143,3 +143,9 @@ def test_SBX_ESC_25_no_host_administration(kernel_target: Target) -> None:
 
 def test_SBX_ESC_26_no_new_privileges(kernel_target: Target) -> None:
     checks.check_no_new_privs(kernel_target)
+
+
+def test_SBX_ESC_27_root_on_request_stays_confined(site_make: Factory, site: Site, workdir: Path) -> None:
+    t = site_make(root=True)
+    root = hosts.sandbox_host(t.sb, site.settings, workdir, user="root")
+    checks.check_root_on_request(checks.as_root_login(t, root))

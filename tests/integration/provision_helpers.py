@@ -22,7 +22,9 @@ from pathlib import Path
 
 import paramiko
 
+from sandbox_rt.config import Settings
 from sandbox_rt.ipam import mac_for_ip
+from sandbox_rt.netstate import NetState, SandboxNet
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
@@ -208,7 +210,13 @@ def template_clone(
         address = secrets.choice(candidates)
     prefix = str(settings["network_cidr"]).split("/")[1]
     clone = Clone(name, address or "", port, lxc_path, settings)
+    # Like the runtime, bind the port to its MAC and address first (the bridge table passes nothing
+    # else from an sbx* port, ARP included); the binding goes again at the end.
+    netstate = NetState(Settings.load())
+    binding = f"sbx-{suffix}00"  # a sandbox-like id of its own (no sandbox of the runtime has it)
     try:
+        if static:
+            netstate.apply(SandboxNet(binding, str(address), port=port, mac=mac_for_ip(str(address))))
         sh(
             "lxc-copy",
             "-P",
@@ -253,5 +261,6 @@ def template_clone(
     finally:
         sh("lxc-stop", "-P", str(lxc_path), "-n", name, "-k", check=False)
         sh("lxc-destroy", "-P", str(lxc_path), "-n", name, check=False)
+        netstate.remove(binding, address)
         if (lxc_path / name).exists():
             raise AssertionError(f"{lxc_path / name} survived lxc-destroy")

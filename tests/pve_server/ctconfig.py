@@ -97,3 +97,11 @@ def api_config(conf: Mapping[str, Any]) -> dict[str, Any]:
             out[key] = val
     out["digest"] = config_digest(conf)
     return out
+
+
+def env_lines(conf: Mapping[str, Any]) -> list[str]:
+    """``env`` (NUL-separated ``NAME=value``) -> the LXC keys of the CT's init environment.
+    pve-container (PVE 9, LXC 6) writes ``lxc.environment.runtime``; this machine's LXC 5.0 knows
+    only ``lxc.environment`` (init and attach alike), the same for what PID 1 sees."""
+    raw = str(conf.get("env") or "")
+    return [f"lxc.environment = {item}" for item in raw.split("\0") if item]

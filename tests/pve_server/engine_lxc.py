@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .ctconfig import parse_kv
+from .ctconfig import env_lines, parse_kv
 from .engine import CTConfig, EngineError
 from .hostkey import generate_ed25519, public_line_of
 
@@ -56,6 +56,7 @@ _MANAGED_PREFIXES = (
     "lxc.cgroup2.memory.max",
     "lxc.cgroup2.memory.swap.max",
     "lxc.cgroup2.cpu.max",
+    "lxc.environment",
 )
 _CFS_PERIOD = 100_000
 _MIB = 1024 * 1024
@@ -197,6 +198,7 @@ class LxcEngine:
         hostname = str(config.get("hostname") or f"CT{vmid}")
         managed = [f"lxc.uts.name = {hostname}", *net_lines(vmid, config)]
         managed += cgroup_lines(config, self._cgroup, self._memsw)
+        managed += env_lines(config)
         path.write_text(
             "\n".join([*kept, "# managed by the PVE test server", *managed]) + "\n", encoding="utf-8"
         )

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from . import pct_conf
-from .ctconfig import parse_kv
+from .ctconfig import env_lines, parse_kv
 from .engine import CTConfig, EngineError
 from .engine_lxc import LxcEngine, cgroup_lines
 
@@ -290,6 +290,7 @@ class NodeEngine(LxcEngine):
             managed += ["lxc.net.0.type = veth", "lxc.net.0.flags = up", "lxc.net.0.mtu = 1500"]
             managed += pve_net_lines(vmid, config)
         managed += pve_cgroup_lines(config, self._cgroup, self._memsw)
+        managed += env_lines(config)
         raw = [f"{key} = {value}" for key, value in pct_conf.raw_entries(config)]
         base = self.lxc_config(vmid, rootfs).rstrip("\n")
         text = "\n".join([base, MANAGED_MARK, *managed, *([RAW_MARK, *raw] if raw else [])])

@@ -109,9 +109,12 @@ class FakeSandbox:
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
         max_output: int | None = None,
+        user: str | None = None,
     ) -> ExecResult:
         self._fail("exec")
         call = dict(command=command, timeout=timeout, cwd=cwd, env=env, stdin=stdin)
+        if user is not None:
+            call["user"] = user
         if max_output is not None:
             call["max_output"] = check_max_bytes(max_output, "max_output")  # as Sandbox.exec does
         self.calls.append(("exec", call))
@@ -130,9 +133,13 @@ class FakeSandbox:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
+        user: str | None = None,
     ) -> FakeStream:
         self._fail("exec_stream")
-        self.calls.append(("exec_stream", dict(command=command, timeout=timeout)))
+        call: dict[str, Any] = dict(command=command, timeout=timeout)
+        if user is not None:
+            call["user"] = user
+        self.calls.append(("exec_stream", call))
         return FakeStream(command if isinstance(command, str) else " ".join(command), self.mgr.stream_script)
 
     def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
@@ -424,6 +431,8 @@ def test_create_passes_the_body_to_create(api: Callable[..., requests.Response],
         ({"ttl_s": "1h"}, "'ttl_s'"),
         ({"image": "ubuntu"}, "unknown field(s) in the create body: image"),
         ({"cpus": 99}, "cpus=99 must be > 0"),  # the runtime's own range check, passed through
+        ({"root": "yes"}, "'root' must be true or false"),
+        ({"root": None}, "'root' must be true or false"),
     ],
 )
 def test_create_validation_names_the_field(
@@ -576,6 +585,7 @@ def test_exec_output_encodings(api: Callable[..., requests.Response], mgr: FakeM
         ({"command": "ls", "stdin_b64": "!!"}, "'stdin_b64' is not valid base64"),
         ({"command": "ls", "stream": "yes"}, "'stream' must be true or false"),
         ({"command": "ls", "shell": True}, "unknown field(s) in the exec body: shell"),
+        ({"command": "ls", "user": 0}, "'user' must be a string"),
     ],
 )
 def test_exec_validation_names_the_field(
@@ -584,6 +594,20 @@ def test_exec_validation_names_the_field(
     sid = make_box(api)
     r = api("POST", f"/v1/sandboxes/{sid}/exec", json=body)
     assert r.status_code == 400 and needle in error_of(r)["message"], r.text
+
+
+def test_root_on_request_passes_through(api: Callable[..., requests.Response], mgr: FakeManager) -> None:
+    assert api("POST", "/v1/sandboxes", json={"root": True}).status_code == 201
+    assert mgr.created[-1] == {"root": True, "detached": True}
+    sid = make_box(api)
+    path = f"/v1/sandboxes/{sid}/exec"
+    assert api("POST", path, json={"command": "id -u", "user": "root"}).status_code == 200
+    assert mgr.handed[-1].calls[-1][1]["user"] == "root"
+    r = api("POST", path, json={"command": "id -u", "user": "root", "stream": True})
+    assert r.status_code == 200
+    assert mgr.handed[-1].calls[-1] == ("exec_stream", {"command": "id -u", "timeout": None, "user": "root"})
+    assert api("POST", path, json={"command": "id -u", "user": None}).status_code == 200
+    assert "user" not in mgr.handed[-1].calls[-1][1]  # null: the default user
 
 
 def test_exec_timeout_is_504_with_the_output_so_far(

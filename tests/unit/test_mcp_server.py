@@ -99,9 +99,12 @@ class FakeBox:
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
         max_output: int = 64 << 20,
+        user: str | None = None,
     ) -> ExecResult:
         self.mgr.check("exec")
-        self.mgr.execs.append(dict(command=command, timeout=timeout, cwd=cwd, env=env, stdin=stdin))
+        self.mgr.execs.append(
+            dict(command=command, timeout=timeout, cwd=cwd, env=env, stdin=stdin, user=user)
+        )
         out = self.mgr.output
         return ExecResult(str(command), out[:max_output], b"warn", 3, 0.5, max(0, len(out) - max_output), 0)
 
@@ -282,6 +285,21 @@ def test_sandboxes_per_session_are_capped(srv: SandboxMcp, mgr: FakeManager) -> 
             await call("destroy_sandbox", sandbox_id=ids[0])
             r = await call("create_sandbox")
             assert not r.is_error
+
+    run(main())
+
+
+def test_root_on_request_reaches_create_and_run_command(srv: SandboxMcp, mgr: FakeManager) -> None:
+    async def main() -> None:
+        async with session(srv) as call:
+            sid = (await call("create_sandbox", root=True)).structured_content["id"]
+            assert mgr.created[-1]["root"] is True
+            assert not (await call("run_command", sandbox_id=sid, command="id -u", user="root")).is_error
+            assert mgr.execs[-1]["user"] == "root"
+            assert not (await call("run_command", sandbox_id=sid, command="id -u")).is_error
+            assert mgr.execs[-1]["user"] is None
+            await call("create_sandbox")
+            assert mgr.created[-1]["root"] is False
 
     run(main())
 

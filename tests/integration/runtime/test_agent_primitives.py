@@ -201,8 +201,19 @@ def test_sandbox_rt_shell_in_tmux(manager: Manager, make: Factory) -> None:
         wait_for("typed-42")
         wait_for("30 100")
         tmux("resize-window", "-t", "s", "-x", "120", "-y", "40")
-        tmux("send-keys", "-t", "s", "stty size", "Enter")
-        wait_for("40 120")
+        # the new size travels SIGWINCH -> sandbox-rt shell -> SSH window-change, beside the keys
+        # tmux types (a person typing right after a resize races it too): ask until it has arrived
+        deadline = time.monotonic() + 30
+        while True:
+            tmux("send-keys", "-t", "s", "stty size", "Enter")
+            asked = time.monotonic()
+            while "40 120" not in (shown := tmux("capture-pane", "-t", "s", "-p")):
+                if time.monotonic() - asked > 1:
+                    break
+                time.sleep(0.1)  # polling the screen for what the shell printed
+            if "40 120" in shown:
+                break
+            assert time.monotonic() < deadline, shown
         tmux("send-keys", "-t", "s", "exit 5", "Enter")
         wait_for("shell-exit=5")
     finally:

@@ -4,7 +4,7 @@ namespace lock, on both backends (embedded LXC and PVE-backed through the test s
 
 One shared sandbox per backend; each tool is one line of TOOLS: a shell command run as the sandbox
 user and a regular expression its whole stdout must match (exit code 0). A tool the template gains
-(issue 17: git, gcc + make, node/npm, venv + pip from a local index) is one more line. The network
+(issue 17: git, gcc + make, node/npm, venv + pip) is one more line. The network
 part stays inside the sandbox's own network namespace (an HTTP server on its loopback and on its
 own address): nothing leaves the machine.
 """
@@ -14,11 +14,13 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import sandbox_rt
 from sandbox_rt import Manager
+from tests.integration import agent_packages as pkgs
 
 from .conftest import SESSION_LABEL
 
@@ -95,6 +97,28 @@ curl -sS --max-time 10 http://127.0.0.1:8765/hostname >/dev/null && curl -sS --m
   -w '%{http_code}\n' "http://$own:8765/os-release"; kill $srv
 """
 
+C_SOURCE = '#include <stdio.h>\nint main(void) { printf("%d\\n", 6 * 7); return 0; }\n'
+MAKEFILE = "h: h.c\n\tcc -O2 -Wall -o h h.c\n"
+CXX_SOURCE = (
+    "#include <iostream>\n#include <vector>\n"
+    'int main() { std::vector<int> v{3, 4}; std::cout << "cxx " << v[0] + v[1] << std::endl; }\n'
+)
+# a local repository committed to and cloned (the identity only for this commit)
+GIT = (
+    'd=$(mktemp -d) && git init -q -b main "$d/src" && '
+    'git -C "$d/src" -c user.name=a -c user.email=a@b.invalid commit -q --allow-empty -m first && '
+    'git clone -q "$d/src" "$d/dst" && git -C "$d/dst" log --format=%s'
+)
+# a package packed by npm and installed from its tarball, offline
+NPM_PACK = (
+    'd=$(mktemp -d) && mkdir "$d/pkg" "$d/app" && cd "$d/pkg" && '
+    """printf '{"name": "pkg", "version": "1.0.0", "main": "index.js"}' > package.json && """
+    "printf 'module.exports = { value: 44 };' > index.js && npm pack --silent >/dev/null && "
+    'cd "$d/app" && npm install --offline --no-audit --no-fund --loglevel=error '
+    '"$d/pkg/pkg-1.0.0.tgz" >/dev/null && '
+    "node -e \"console.log('pkg', require('pkg').value)\""
+)
+
 TOOLS: dict[str, tuple[str, str]] = {
     "bash": (
         "bash -c 'a=(x y z); f() { echo ${#a[@]}:$((6 * 7)); }; f; echo $(echo sub) | cat'",
@@ -139,6 +163,30 @@ TOOLS: dict[str, tuple[str, str]] = {
     "python3 subprocess": (f"python3 -c {shlex.quote(PY_SUBPROCESS)}", r"x piped 0 3\n"),
     "python3 stdlib": (f"python3 -c {shlex.quote(PY_STDLIB)}", r"7 True 1 m True e3b0c442 True\n"),
     "curl": (CURL, r"200\n"),
+    # the agent tools of the default template (issue 17; network side: tests/hardening/test_agent_work.py)
+    "gcc make": (
+        f'cd "$(mktemp -d)" && printf %s {shlex.quote(C_SOURCE)} > h.c && '
+        f"printf %s {shlex.quote(MAKEFILE)} > Makefile && make -s && ./h",
+        r"42\n",
+    ),
+    "g++": (
+        f'cd "$(mktemp -d)" && printf %s {shlex.quote(CXX_SOURCE)} > h.cc && g++ -O1 -o h h.cc && ./h',
+        r"cxx 7\n",
+    ),
+    "git": (GIT, r"first\n"),
+    "node": ("node -e 'console.log([1, 2, 3].map((x) => x * 2).join(\",\"))'", r"2,4,6\n"),
+    "npm pack install": (NPM_PACK, r"pkg 44\n"),
+    "python3 venv pip": (
+        'd=$(mktemp -d) && python3 -m venv "$d/v" && "$d/v/bin/pip" --version | cut -d" " -f1 && '
+        '"$d/v/bin/python" -c "import sys; print(sys.prefix != sys.base_prefix)"',
+        r"pip\nTrue\n",
+    ),
+    "jq": ("""echo '{"x": [1, 2]}' | jq -c '.x | map(. * 3)'""", r"\[3,6\]\n"),
+    "unzip tree": (
+        'cd "$(mktemp -d)" && python3 -m zipfile -c z.zip /etc/hostname && unzip -q z.zip && '
+        "tree -i --noreport .",
+        r"\.\nhostname\nz\.zip\n",
+    ),
 }
 
 
@@ -173,3 +221,18 @@ def test_tool_works_under_the_profile(compat_sandbox: sandbox_rt.Sandbox, tool: 
     assert re.fullmatch(expected, r.text), (
         f"{tool}: {r.text!r} does not match {expected!r}\n{r.stderr_text[-2000:]}"
     )
+
+
+def test_pip_installs_a_local_wheel_for_the_user(compat_sandbox: sandbox_rt.Sandbox, tmp_path: Path) -> None:
+    """README's ``pip install --user`` outside a venv works (Debian's PEP 668 refusal is lifted by the
+    template's /etc/pip.conf), from a wheel made on the host and uploaded: no index needed."""
+    wheel = pkgs.make_wheel(tmp_path)
+    remote = f"/tmp/wheels/{wheel.name}"
+    compat_sandbox.upload(wheel, remote)
+    r = compat_sandbox.exec(
+        f"pip install --user --no-index {remote} && python3 -c 'import sbxdemo; print(sbxdemo.VALUE)' && "
+        "python3 -c 'import sbxdemo, site; print(sbxdemo.__file__.startswith(site.getusersitepackages()))'",
+        timeout=120,
+    )
+    assert r.exit_code == 0, r.stderr_text[-2000:]
+    assert r.text.splitlines()[-2:] == [pkgs.WHEEL_VALUE, "True"], r.text
