@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import ipaddress
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pve_testserver.env as pve_env
 import sandbox_rt
 from sandbox_rt import Manager, Settings
 
@@ -46,25 +45,16 @@ WHAT = {
 
 @contextlib.contextmanager
 def _pve_settings(base: Settings) -> Iterator[tuple[Settings, str]]:
-    root = str(Path(__file__).resolve().parents[1])
-    if root not in sys.path:
-        sys.path.insert(0, root)  # the test server lives in the repository's tests package
-    from tests.integration.runtime import pve_env
-
     real = pve_env.real_pve_settings(base)
     if real is not None:
         yield real, real.pve_url
         return
-    engine = vars(pve_env)["LxcEngine"]  # the fixtures' engine class, named at call time
-    setattr(pve_env, "LxcEngine", functools.partial(engine, prefix=f"{PVE_PREFIX}{os.getpid()}-"))  # noqa: B010
-    try:
-        with (
-            tempfile.TemporaryDirectory(prefix="sandbox-rt-bench-pve-") as state,
-            pve_env.pve_test_server(base, Path(state)) as (settings, _srv),
-        ):
-            yield _own_addresses(settings), "PVE API test server (tests/pve_server) with the LXC engine"
-    finally:
-        setattr(pve_env, "LxcEngine", engine)  # noqa: B010
+    prefix = f"{PVE_PREFIX}{os.getpid()}-"  # the benchmark's own containers, never a test's
+    with (
+        tempfile.TemporaryDirectory(prefix="sandbox-rt-bench-pve-") as state,
+        pve_env.pve_test_server(base, Path(state), engine_prefix=prefix) as (settings, _),
+    ):
+        yield _own_addresses(settings), "PVE API test server (pve_testserver) with the LXC engine"
 
 
 def _own_addresses(s: Settings) -> Settings:

@@ -29,7 +29,18 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .errors import ConfigError, SandboxError
 from .limits import DEFAULT_DOWNLOAD_MAX_BYTES, DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
-from .models import EntryInfo, ExecResult, OutputChunk, SandboxRecord, SandboxStatus, SnapshotInfo
+from .models import (
+    DEFAULT_CPUS,
+    DEFAULT_DISK_GB,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_PIDS_MAX,
+    EntryInfo,
+    ExecResult,
+    OutputChunk,
+    SandboxRecord,
+    SandboxStatus,
+    SnapshotInfo,
+)
 
 if TYPE_CHECKING:
     from .files import Files
@@ -112,10 +123,10 @@ class AsyncManager:
         self,
         *,
         hostname: str | None = None,
-        cpus: float = 1,
-        memory_mb: int = 1024,
-        disk_gb: int = 8,
-        pids_max: int = 1024,
+        cpus: float = DEFAULT_CPUS,
+        memory_mb: int = DEFAULT_MEMORY_MB,
+        disk_gb: int = DEFAULT_DISK_GB,
+        pids_max: int = DEFAULT_PIDS_MAX,
         internet: bool = False,
         labels: Mapping[str, str] | None = None,
         ttl_s: int | None = None,

@@ -19,7 +19,7 @@ from . import __version__
 from .errors import ConfigError, SandboxError
 from .limits import HTTP_LIMITS
 from .manager import Manager
-from .models import SandboxRecord
+from .models import DEFAULT_CPUS, DEFAULT_DISK_GB, DEFAULT_MEMORY_MB, SandboxRecord
 from .sandbox import Sandbox
 
 __all__ = ["main"]
@@ -50,9 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def spec_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--cpus", type=_positive_float, default=1.0)
-        sp.add_argument("--memory", type=int, default=1024, metavar="MB", help="memory limit in MiB")
-        sp.add_argument("--disk", type=int, default=8, metavar="GB")
+        sp.add_argument("--cpus", type=_positive_float, default=DEFAULT_CPUS)
+        sp.add_argument(
+            "--memory", type=int, default=DEFAULT_MEMORY_MB, metavar="MB", help="memory limit in MiB"
+        )
+        sp.add_argument("--disk", type=int, default=DEFAULT_DISK_GB, metavar="GB")
         sp.add_argument("--internet", action="store_true", help="allow HTTP/HTTPS to the internet")
         sp.add_argument(
             "--egress",
@@ -116,9 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="the HTTP control API (bearer token; loopback by default)")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8787)
-    sv.add_argument(
-        "--token-file", help="file with the bearer token, mode 0600 (else $SANDBOX_RT_API_TOKEN)"
-    )
+    sv.add_argument("--token-file", help="file with the bearer token, mode 0600 (else $SANDBOX_RT_API_TOKEN)")
     sv.add_argument(
         "--max-body-mb",
         type=int,
@@ -374,7 +374,6 @@ class _Cli:
             on_ready=lambda url: self.progress(f"listening on {url}"),
         )
         return 0
-
 
     def mcp(self) -> int:
         from .api.mcp import McpOptions, SandboxMcp

@@ -63,7 +63,17 @@ from .errors import (
 )
 from .http_openapi import openapi_document
 from .limits import HTTP_LIMITS, HttpLimits
-from .models import ExecResult, OutputChunk, SandboxRecord, SandboxStatus, SnapshotInfo
+from .models import (
+    DEFAULT_CPUS,
+    DEFAULT_DISK_GB,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_PIDS_MAX,
+    ExecResult,
+    OutputChunk,
+    SandboxRecord,
+    SandboxStatus,
+    SnapshotInfo,
+)
 from .validation import check_sandbox_id
 
 if TYPE_CHECKING:
@@ -154,10 +164,10 @@ class ManagerLike(Protocol):
         self,
         *,
         hostname: str | None = None,
-        cpus: float = 1,
-        memory_mb: int = 1024,
-        disk_gb: int = 8,
-        pids_max: int = 1024,
+        cpus: float = DEFAULT_CPUS,
+        memory_mb: int = DEFAULT_MEMORY_MB,
+        disk_gb: int = DEFAULT_DISK_GB,
+        pids_max: int = DEFAULT_PIDS_MAX,
         internet: bool = False,
         labels: Mapping[str, str] | None = None,
         ttl_s: int | None = None,

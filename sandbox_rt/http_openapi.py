@@ -16,6 +16,8 @@ from typing import Any
 from . import __version__
 from .caps import MAX_DISK_IOPS, MAX_DISK_MBPS, MAX_NET_MBPS
 from .limits import DEFAULT_MAX_OUTPUT, HTTP_LIMITS
+from .models import DEFAULT_CPUS, DEFAULT_DISK_GB, DEFAULT_MEMORY_MB, DEFAULT_PIDS_MAX
+from .validation import MAX_DISK_GB, MAX_PIDS_MAX, MIN_MEMORY_MB, MIN_PIDS_MAX
 
 __all__ = ["openapi_document"]
 
@@ -161,10 +163,20 @@ _SCHEMAS: dict[str, Any] = {
                 "pattern": _exact("(?!-)[A-Za-z0-9-]{1,63}(?<!-)"),
                 "description": "RFC 1123 host name (default: the sandbox id).",
             },
-            "cpus": {"type": "number", "exclusiveMinimum": 0, "default": 1, "description": "<= host cores"},
-            "memory_mb": {"type": "integer", "minimum": 64, "default": 1024},
-            "disk_gb": {"type": "integer", "minimum": 1, "maximum": 4096, "default": 8},
-            "pids_max": {"type": "integer", "minimum": 16, "maximum": 4194304, "default": 1024},
+            "cpus": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "default": DEFAULT_CPUS,
+                "description": "<= host cores",
+            },
+            "memory_mb": {"type": "integer", "minimum": MIN_MEMORY_MB, "default": DEFAULT_MEMORY_MB},
+            "disk_gb": {"type": "integer", "minimum": 1, "maximum": MAX_DISK_GB, "default": DEFAULT_DISK_GB},
+            "pids_max": {
+                "type": "integer",
+                "minimum": MIN_PIDS_MAX,
+                "maximum": MAX_PIDS_MAX,
+                "default": DEFAULT_PIDS_MAX,
+            },
             "internet": {"type": "boolean", "default": False, "description": "HTTP/HTTPS egress allowed"},
             "labels": {**_LABELS, "type": ["object", "null"]},
             "ttl_s": {

@@ -16,7 +16,15 @@ import paramiko
 from .backends.base import Backend, snapshot_backend
 from .config import Settings
 from .errors import ConfigError, SandboxError, SandboxNotFound, SnapshotNotFound
-from .models import SandboxRecord, SandboxSpec, SnapshotInfo
+from .models import (
+    DEFAULT_CPUS,
+    DEFAULT_DISK_GB,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_PIDS_MAX,
+    SandboxRecord,
+    SandboxSpec,
+    SnapshotInfo,
+)
 from .pool import POOL_LABEL, WarmPool
 from .sandbox import Sandbox
 from .ssh import SSHExecutor, load_private_key, parse_public_key
@@ -123,10 +131,10 @@ class Manager:
         self,
         *,
         hostname: str | None = None,
-        cpus: float = 1,
-        memory_mb: int = 1024,
-        disk_gb: int = 8,
-        pids_max: int = 1024,
+        cpus: float = DEFAULT_CPUS,
+        memory_mb: int = DEFAULT_MEMORY_MB,
+        disk_gb: int = DEFAULT_DISK_GB,
+        pids_max: int = DEFAULT_PIDS_MAX,
         internet: bool = False,
         labels: Mapping[str, str] | None = None,
         ttl_s: int | None = None,

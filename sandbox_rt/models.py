@@ -58,15 +58,24 @@ class OutputChunk:
     data: bytes
 
 
+# What create() gives a sandbox when the caller says nothing: the one place every front door reads
+# (Manager.create, make_spec, the CLI, the HTTP API and its OpenAPI document, the remote and async
+# clients, the MCP server). The ranges they must stay in are sandbox_rt.validation's.
+DEFAULT_CPUS = 1.0
+DEFAULT_MEMORY_MB = 1024
+DEFAULT_DISK_GB = 8
+DEFAULT_PIDS_MAX = 1024
+
+
 @dataclasses.dataclass(frozen=True)
 class SandboxSpec:
     """The validated request for a new sandbox."""
 
     hostname: str | None = None
-    cpus: float = 1.0
-    memory_mb: int = 1024
-    disk_gb: int = 8
-    pids_max: int = 1024
+    cpus: float = DEFAULT_CPUS
+    memory_mb: int = DEFAULT_MEMORY_MB
+    disk_gb: int = DEFAULT_DISK_GB
+    pids_max: int = DEFAULT_PIDS_MAX
     internet: bool = False
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     ttl_s: int | None = None

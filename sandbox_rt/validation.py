@@ -17,7 +17,7 @@ from .caps import (
     MAX_NET_MBPS,
 )
 from .errors import ConfigError
-from .models import SandboxSpec
+from .models import DEFAULT_CPUS, DEFAULT_DISK_GB, DEFAULT_MEMORY_MB, DEFAULT_PIDS_MAX, SandboxSpec
 
 __all__ = [
     "check_egress",
@@ -42,6 +42,8 @@ SANDBOX_ID = re.compile(r"\Asbx-[0-9a-f]{10}\Z")
 
 MIN_MEMORY_MB = 64
 MAX_DISK_GB = 4096
+MIN_PIDS_MAX = 16
+MAX_PIDS_MAX = 1 << 22  # the kernel's largest pid_max
 MAX_TTL_S = 30 * 24 * 3600
 MAX_EGRESS_ENTRIES = 64
 # Egress entries. A name's last label starts with a letter (an all-numeric top-level label does not
@@ -78,10 +80,10 @@ def _number(name: str, value: Any, *, integer: bool) -> float:
 def make_spec(
     *,
     hostname: str | None = None,
-    cpus: float = 1,
-    memory_mb: int = 1024,
-    disk_gb: int = 8,
-    pids_max: int = 1024,
+    cpus: float = DEFAULT_CPUS,
+    memory_mb: int = DEFAULT_MEMORY_MB,
+    disk_gb: int = DEFAULT_DISK_GB,
+    pids_max: int = DEFAULT_PIDS_MAX,
     internet: bool = False,
     labels: Mapping[str, str] | None = None,
     ttl_s: int | None = None,
@@ -107,8 +109,8 @@ def make_spec(
     if not 1 <= d <= MAX_DISK_GB:
         raise ConfigError(f"disk_gb={disk_gb!r} must be between 1 and {MAX_DISK_GB}")
     p = _number("pids_max", pids_max, integer=True)
-    if not 16 <= p <= 1 << 22:
-        raise ConfigError(f"pids_max={pids_max!r} must be between 16 and {1 << 22}")
+    if not MIN_PIDS_MAX <= p <= MAX_PIDS_MAX:
+        raise ConfigError(f"pids_max={pids_max!r} must be between {MIN_PIDS_MAX} and {MAX_PIDS_MAX}")
     caps = {}
     for cap_name, cap, top in (
         ("net_mbps", net_mbps, MAX_NET_MBPS),

@@ -31,7 +31,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 # workplace provides it (see DEVELOPERS.md, network safety).
 if [[ -x ../shared/netguard ]]; then ../shared/netguard; fi
 
-stage lint bash -c 'ruff check sandbox_rt tests benchmarks molecule && mypy && yamllint -s . \
+stage lint bash -c 'ruff check sandbox_rt pve_testserver tests benchmarks molecule && mypy && yamllint -s . \
   && ansible-lint --offline -q && echo lint ok'
 
 if ((fast)); then

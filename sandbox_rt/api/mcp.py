@@ -35,7 +35,14 @@ from .. import __version__
 from ..errors import ConfigError, SandboxError, SnapshotNotFound
 from ..files import LIST_MAX_ENTRIES
 from ..limits import HTTP_LIMITS
-from ..models import ExecResult, SnapshotInfo
+from ..models import (
+    DEFAULT_CPUS,
+    DEFAULT_DISK_GB,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_PIDS_MAX,
+    ExecResult,
+    SnapshotInfo,
+)
 from ..validation import MAX_TTL_S, check_snapshot_name
 from .mcp_answers import (
     CommandResult,
@@ -274,10 +281,10 @@ class SandboxMcp:
         )
         async def create_sandbox(
             ctx: Context[Any, Any],
-            cpus: Annotated[float, Field(gt=0, description="CPU cores")] = 1,
-            memory_mb: Annotated[int, Field(description="memory limit in MiB")] = 1024,
-            disk_gb: Annotated[int, Field(description="disk limit in GB")] = 8,
-            pids_max: Annotated[int, Field(description="processes at most")] = 1024,
+            cpus: Annotated[float, Field(gt=0, description="CPU cores")] = DEFAULT_CPUS,
+            memory_mb: Annotated[int, Field(description="memory limit in MiB")] = DEFAULT_MEMORY_MB,
+            disk_gb: Annotated[int, Field(description="disk limit in GB")] = DEFAULT_DISK_GB,
+            pids_max: Annotated[int, Field(description="processes at most")] = DEFAULT_PIDS_MAX,
             internet: Annotated[bool, Field(description="allow HTTP/HTTPS to the internet")] = False,
             egress: Annotated[
                 list[str] | None,

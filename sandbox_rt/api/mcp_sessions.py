@@ -22,7 +22,16 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from ..errors import ConfigError, SandboxError, SandboxNotFound
-from ..models import EntryInfo, ExecResult, SandboxStatus, SnapshotInfo
+from ..models import (
+    DEFAULT_CPUS,
+    DEFAULT_DISK_GB,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_PIDS_MAX,
+    EntryInfo,
+    ExecResult,
+    SandboxStatus,
+    SnapshotInfo,
+)
 from ..validation import check_sandbox_id
 
 __all__ = ["SERVER_LABEL", "SESSION_LABEL", "ManagerLike", "SandboxLike", "SessionSandboxes"]
@@ -94,10 +103,10 @@ class ManagerLike(Protocol):
         self,
         *,
         hostname: str | None = None,
-        cpus: float = 1,
-        memory_mb: int = 1024,
-        disk_gb: int = 8,
-        pids_max: int = 1024,
+        cpus: float = DEFAULT_CPUS,
+        memory_mb: int = DEFAULT_MEMORY_MB,
+        disk_gb: int = DEFAULT_DISK_GB,
+        pids_max: int = DEFAULT_PIDS_MAX,
         internet: bool = False,
         labels: Mapping[str, str] | None = None,
         ttl_s: int | None = None,

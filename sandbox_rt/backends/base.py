@@ -33,6 +33,8 @@ class Backend(Protocol):
     the record) → ``start`` (returns the record with the pinned host key) → [SSH by the manager]
     → ``end`` (forget the intent).
     ``destroy`` is idempotent and removes everything ``clone``/``start`` made.
+    ``clone`` never grants what the spec's ``internet`` and ``egress`` ask for: the manager does,
+    once, with ``set_internet``/``set_egress`` after ``start`` (a sandbox is offline until then).
     """
 
     name: str

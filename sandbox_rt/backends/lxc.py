@@ -26,7 +26,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -60,7 +59,7 @@ from .hostcaps import (
 from .idmap import ID_RANGE, idmap_base_for, idmapped_bind, shift_owners, subid_ranges_cover, unmount
 from .intents import CreateMarkers
 from .owner import owner_alive, process_start_time
-from .records import ROOT_ENV, spec_from_json, spec_to_json
+from .records import ROOT_ENV, new_record, spec_from_json, spec_to_json, updated_record
 
 __all__ = ["LxcBackend", "cgroup_limit_lines", "cgroup_limits"]
 
@@ -221,7 +220,11 @@ class LxcBackend:
         self.disk_device = storage_device(self.path)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _lxc(self, tool: str, *args: str, step: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def _lxc(
+        self, tool: str, *args: str, step: str, timeout: float = 60, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Every ``lxc-*`` call: this backend's LXC path, typed errors (a missing tool, a timeout,
+        and with ``check`` a non-zero exit, with its output as the detail)."""
         cmd = [tool, "-P", str(self.path), *args]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -229,7 +232,7 @@ class LxcBackend:
             raise BackendError(f"{tool} is not installed (run site.yml)", step=step) from exc
         except subprocess.TimeoutExpired as exc:
             raise BackendError(f"{' '.join(cmd)} did not finish in {timeout:g} s", step=step) from exc
-        if proc.returncode != 0:
+        if check and proc.returncode != 0:
             raise BackendError(
                 f"{' '.join(cmd)} exited {proc.returncode}", step=step, detail=proc.stderr + proc.stdout
             )
@@ -381,21 +384,8 @@ class LxcBackend:
         if isolated:
             self._own_ids(cdir, upper)
         host_pub = self._seed_rootfs(cdir, hostname, ip)
-        now = time.time()
-        pid = 0 if spec.detached else os.getpid()
-        record = SandboxRecord(
-            id=sandbox_id,
-            hostname=hostname,
-            ip=ip,
-            host_key=host_pub,
-            spec=spec,
-            created_at=now,
-            expires_at=now + spec.ttl_s if spec.ttl_s else None,
-            owner_pid=pid,
-            owner_host=socket.gethostname(),
-            backend=self.name,
-        )
-        self._write_record(record, owner_start=process_start_time(pid))
+        record = new_record(sandbox_id, spec, ip=ip, host_key=host_pub, backend=self.name)
+        self._write_record(record, owner_start=process_start_time(record.owner_pid))
         # its port may send only as itself, within its bandwidth, from its first frame on
         self.netstate.apply(self._port_state(sandbox_id, ip, spec))
         return record
@@ -573,13 +563,7 @@ class LxcBackend:
         port = self._port_state(sid, record.ip, spec)
         if not port.same_port(self.netstate.read(sid)):
             self.netstate.apply(port)
-        now = time.time()
-        new = dataclasses.replace(
-            record,
-            hostname=hostname,
-            spec=dataclasses.replace(spec, hostname=hostname, root=record.spec.root),  # root: set at creation
-            expires_at=now + spec.ttl_s if spec.ttl_s else None,
-        )
+        new = updated_record(record, spec)
         self._write_record(new, owner_start=process_start_time(new.owner_pid))
         return new
 
@@ -653,23 +637,13 @@ class LxcBackend:
                 with contextlib.suppress(OSError):  # a start that died half-way may leave it mounted
                     unmount(cdir / LOWER_MOUNT)
                 if self.state(sandbox_id) != "stopped":
-                    proc = subprocess.run(
-                        ["lxc-stop", "-P", str(self.path), "-n", sandbox_id, "-k"],
-                        capture_output=True,
-                        text=True,
-                        timeout=60,
-                    )
+                    proc = self._lxc("lxc-stop", "-n", sandbox_id, "-k", step="destroy", check=False)
                     if proc.returncode != 0 and self.state(sandbox_id) == "running":
                         raise BackendError(f"cannot stop {sandbox_id}", step="destroy", detail=proc.stderr)
         network_gone.result()
         if existed:
             if (cdir / "config").exists():
-                proc = subprocess.run(
-                    ["lxc-destroy", "-P", str(self.path), "-n", sandbox_id],
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                )
+                proc = self._lxc("lxc-destroy", "-n", sandbox_id, step="destroy", check=False)
                 if proc.returncode != 0 and cdir.exists():
                     # a half-made clone lxc-destroy does not understand: nothing is mounted, remove it
                     shutil.rmtree(cdir)
@@ -700,21 +674,11 @@ class LxcBackend:
     def state(self, sandbox_id: str) -> str:
         if not (self._dir(sandbox_id) / "config").exists():
             return "absent"
-        proc = subprocess.run(
-            ["lxc-info", "-P", str(self.path), "-n", sandbox_id, "-s", "-H"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        proc = self._lxc("lxc-info", "-n", sandbox_id, "-s", "-H", step="status", timeout=30, check=False)
         return proc.stdout.strip().lower() or "unknown"
 
     def _init_pid(self, sandbox_id: str) -> int | None:
-        proc = subprocess.run(
-            ["lxc-info", "-P", str(self.path), "-n", sandbox_id, "-p", "-H"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        proc = self._lxc("lxc-info", "-n", sandbox_id, "-p", "-H", step="status", timeout=30, check=False)
         text = proc.stdout.strip()
         return int(text) if text.isdigit() else None
 

@@ -28,10 +28,9 @@ import dataclasses
 import functools
 import ipaddress
 import json
-import os
+import math
 import random
 import re
-import socket
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -55,12 +54,12 @@ from ..errors import (
 from ..filelock import file_lock
 from ..ipam import mac_for_ip
 from ..models import ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
-from ..validation import split_egress
+from ..validation import SANDBOX_ID, split_egress
 from . import vmids
 from .base import GcCandidate
 from .intents import CreateMarkers
 from .owner import owner_alive, process_start_time
-from .records import ROOT_ENV, spec_from_json, spec_to_json
+from .records import ROOT_ENV, new_record, spec_from_json, spec_to_json, updated_record
 
 __all__ = ["ProxmoxBackend"]
 
@@ -78,6 +77,16 @@ _CLONE_ATTEMPTS = 12  # VMIDs tried per clone (each lost race spreads the next p
 def _bool(value: bool) -> int:
     """PVE takes 0/1 for booleans at the top level (proxmoxer would send 'True')."""
     return 1 if value else 0
+
+
+def _sandbox_id_tag(tags: set[str]) -> str | None:
+    """The sandbox id among a CT's tags (``sbx-<10 hex>``), if it carries one."""
+    return next((t for t in sorted(tags) if SANDBOX_ID.fullmatch(t)), None)
+
+
+def _cores(spec: SandboxSpec) -> int:
+    """PVE's ``cores`` for ``spec.cpus`` (whole CPUs, at least one; ``cpulimit`` holds the fraction)."""
+    return max(1, math.ceil(spec.cpus))
 
 
 def _tags(raw: Any) -> set[str]:
@@ -308,6 +317,12 @@ class ProxmoxBackend:
         data["owner_start_time"] = process_start_time(record.owner_pid)
         return RECORD_PREFIX + json.dumps(data, sort_keys=True, separators=(",", ":"))
 
+    def _description(self, record: SandboxRecord, conf: dict[str, Any]) -> str:
+        """The CT's description for ``record``, keeping the host key line the hookscript published."""
+        description = self._record_line(record)
+        key = self._host_key_of(str(conf.get("description", "")))
+        return description + "\n" + HOSTKEY_PREFIX + key if key else description
+
     def clone(self, sandbox_id: str, spec: SandboxSpec) -> SandboxRecord:
         return self._clone_from(sandbox_id, spec, None)
 
@@ -324,21 +339,8 @@ class ProxmoxBackend:
         else:
             node = snapshot[0]
             template = self._ct(node, snapshot[1])
-        hostname = spec.hostname or sandbox_id
-        now = time.time()
-        pid = 0 if spec.detached else os.getpid()
-        draft = SandboxRecord(
-            id=sandbox_id,
-            hostname=hostname,
-            ip="",
-            host_key="",
-            spec=spec,
-            created_at=now,
-            expires_at=now + spec.ttl_s if spec.ttl_s else None,
-            owner_pid=pid,
-            owner_host=socket.gethostname(),
-            backend=self.name,
-        )
+        draft = new_record(sandbox_id, spec, ip="", host_key="", backend=self.name)
+        hostname = draft.hostname
         template_vmid = snapshot[1] if snapshot else self.settings.pve_template_vmid
 
         def request_clone(collisions: int) -> tuple[int, Any]:
@@ -388,7 +390,7 @@ class ProxmoxBackend:
                 tags.append(f"exp-{int(record.expires_at)}")
             net0 = self._net0(ip, spec)
             config = {
-                "cores": max(1, int(-(-spec.cpus // 1))),
+                "cores": _cores(spec),
                 "cpulimit": f"{spec.cpus:g}",
                 "memory": spec.memory_mb,
                 "swap": 0,
@@ -406,7 +408,7 @@ class ProxmoxBackend:
         self._resize(node, vmid, spec.disk_gb)
         if snapshot is not None:
             self._drop_cloned_rules(node, vmid)  # PVE copied the source's firewall with the disk
-        self._setup_firewall(node, vmid, spec.internet)
+        self._setup_firewall(node, vmid)  # internet: the manager's set_internet after start (base.py)
         return record
 
     def _net0(self, ip: str, spec: SandboxSpec) -> str:
@@ -433,7 +435,9 @@ class ProxmoxBackend:
         if upid:
             self._wait(str(upid), "resize")
 
-    def _setup_firewall(self, node: str, vmid: int, internet: bool) -> None:
+    def _setup_firewall(self, node: str, vmid: int) -> None:
+        """The CT's firewall: outbound DROP, the address and MAC bound to the port, and the internet
+        rules, created off (``set_internet`` turns them on)."""
         fw = self._ct(node, vmid).firewall
         for rule in (
             {"proto": "tcp", "dport": "80,443"},
@@ -444,7 +448,7 @@ class ProxmoxBackend:
             self._call(
                 "firewall",
                 lambda r=rule: fw.rules.post(  # type: ignore[misc]
-                    type="out", action="ACCEPT", enable=_bool(internet), comment=RULE_COMMENT, **r
+                    type="out", action="ACCEPT", enable=0, comment=RULE_COMMENT, **r
                 ),
             )
         self._call(
@@ -467,25 +471,16 @@ class ProxmoxBackend:
 
     def update(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
         node, vmid = self._find(record.id)
-        hostname = spec.hostname or record.hostname
-        now = time.time()
-        new = dataclasses.replace(
-            record,
-            hostname=hostname,
-            spec=dataclasses.replace(spec, hostname=hostname, root=record.spec.root),  # root: set at creation
-            expires_at=now + spec.ttl_s if spec.ttl_s else None,
-        )
+        new = updated_record(record, spec)
+        hostname = new.hostname
         tags = [TAG, record.id, f"ip-{record.ip}"]
         if new.expires_at:
             tags.append(f"exp-{int(new.expires_at)}")
         ct = self._ct(node, vmid)
         conf = self._call("update", lambda: ct.config.get())
-        description = self._record_line(new)
-        key = self._host_key_of(str(conf.get("description", "")))
-        if key:
-            description += "\n" + HOSTKEY_PREFIX + key
+        description = self._description(new, conf)
         changes = {
-            "cores": max(1, int(-(-spec.cpus // 1))),
+            "cores": _cores(spec),
             "cpulimit": f"{spec.cpus:g}",
             "memory": spec.memory_mb,
             "net0": self._net0(record.ip, spec),  # a warm CT handed out with another net_mbps
@@ -574,7 +569,7 @@ class ProxmoxBackend:
         out: builtins.list[SandboxRecord] = []
         seen: set[str] = set()
         for r in self._ours():
-            sid = next((t for t in _tags(r.get("tags")) if re.fullmatch(r"sbx-[0-9a-f]{10}", t)), None)
+            sid = _sandbox_id_tag(_tags(r.get("tags")))
             if sid and sid not in seen:  # a fork being made carries its source's id for a moment
                 seen.add(sid)
                 with contextlib.suppress(SandboxNotFound, BackendError):
@@ -675,11 +670,8 @@ class ProxmoxBackend:
             )
         stored = self.get(record.id)
         new = dataclasses.replace(stored, spec=dataclasses.replace(stored.spec, egress=egress))
-        description = self._record_line(new)
         conf = self._call("egress", lambda: self._ct(node, vmid).config.get())
-        key = self._host_key_of(str(conf.get("description", "")))
-        if key:
-            description += "\n" + HOSTKEY_PREFIX + key
+        description = self._description(new, conf)
         self._call("egress", lambda: self._ct(node, vmid).config.put(description=description))
 
     # -- garbage collection ----------------------------------------------------------------------
@@ -691,7 +683,7 @@ class ProxmoxBackend:
                 found[sid] = "removal failed earlier"
         for r in self._ours():
             tags = _tags(r.get("tags"))
-            tag_id = next((t for t in tags if re.fullmatch(r"sbx-[0-9a-f]{10}", t)), None)
+            tag_id = _sandbox_id_tag(tags)
             if tag_id is None or tag_id in found or tag_id in live:
                 continue
             sid = tag_id
@@ -723,7 +715,7 @@ class ProxmoxBackend:
         """(node, vmid, sandbox id, PVE's snapshot entry) of every snapshot of our CTs."""
         seen: set[int] = set()
         for r in self._ours():
-            sid = next((t for t in _tags(r.get("tags")) if re.fullmatch(r"sbx-[0-9a-f]{10}", t)), None)
+            sid = _sandbox_id_tag(_tags(r.get("tags")))
             node, vmid = str(r["node"]), int(r["vmid"])
             if sid is None or vmid in seen:
                 continue

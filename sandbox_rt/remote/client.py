@@ -13,7 +13,17 @@ import httpx
 
 from ..errors import ConfigError, SandboxError, SandboxNotFound
 from ..limits import DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
-from ..models import ExecResult, OutputChunk, SandboxRecord, SandboxStatus, SnapshotInfo
+from ..models import (
+    DEFAULT_CPUS,
+    DEFAULT_DISK_GB,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_PIDS_MAX,
+    ExecResult,
+    OutputChunk,
+    SandboxRecord,
+    SandboxStatus,
+    SnapshotInfo,
+)
 from . import calls, error_map, events, wire
 from .error_map import ErrorContext
 from .wire import Call
@@ -116,10 +126,10 @@ class Client:
         self,
         *,
         hostname: str | None = None,
-        cpus: float = 1,
-        memory_mb: int = 1024,
-        disk_gb: int = 8,
-        pids_max: int = 1024,
+        cpus: float = DEFAULT_CPUS,
+        memory_mb: int = DEFAULT_MEMORY_MB,
+        disk_gb: int = DEFAULT_DISK_GB,
+        pids_max: int = DEFAULT_PIDS_MAX,
         internet: bool = False,
         labels: Mapping[str, str] | None = None,
         ttl_s: int | None = None,

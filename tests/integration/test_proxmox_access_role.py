@@ -93,13 +93,13 @@ class Server:
 
 @contextlib.contextmanager
 def pve_server(directory: Path) -> Iterator[Server]:
-    """``python -m tests.pve_server`` in the background; stopped (and reaped) on exit."""
+    """``python -m pve_testserver`` in the background; stopped (and reaped) on exit."""
     directory.mkdir(parents=True, exist_ok=True)
     info_file, token_file = directory / "info.json", directory / "root.token"
     with (directory / "server.log").open("w") as log:
         proc = subprocess.Popen(
             [
-                sys.executable, "-m", "tests.pve_server", "--engine", "memory", "--port", "0",
+                sys.executable, "-m", "pve_testserver", "--engine", "memory", "--port", "0",
                 "--state", str(directory / "state.json"), "--tls-dir", str(directory / "tls"),
                 "--bootstrap-token-file", str(token_file), "--info-file", str(info_file),
             ],

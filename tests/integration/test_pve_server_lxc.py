@@ -24,9 +24,9 @@ import paramiko
 import pytest
 from proxmoxer.tools import Tasks
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.pve_server
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for pve_testserver
 
-from tests.pve_server import LxcEngine, PVETestServer, hostkey_of
+from pve_testserver import LxcEngine, PVETestServer, hostkey_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

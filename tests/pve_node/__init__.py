@@ -3,7 +3,7 @@
 The operating-system half of a PVE node is real: a Debian 12 system container with systemd,
 ifupdown2, sshd, nftables, dnsmasq and LXC, whose nested unprivileged containers are the sandboxes.
 The PVE-only half (the API, pve-firewall, the host-key hookscript) is the PVE API test server with
-its node engine (``tests/pve_server/engine_node.py``). See docs/pve-test-server.md.
+its node engine (``pve_testserver/engine_node.py``). See docs/pve-test-server.md.
 
     python -m tests.pve_node start | status | reboot | stop | env
 """

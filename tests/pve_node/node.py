@@ -237,7 +237,7 @@ class PVENode:
             os.kill(pid, 0)
         except ProcessLookupError:
             return False
-        return Path(f"/proc/{pid}/cmdline").read_bytes().find(b"tests.pve_server") >= 0
+        return Path(f"/proc/{pid}/cmdline").read_bytes().find(b"pve_testserver") >= 0
 
     def api_start(self, timeout: float = 60) -> dict[str, Any]:
         """Start the PVE API test server for this node (node engine) in the background, unless it
@@ -258,7 +258,7 @@ class PVENode:
         cmd = [
             sys.executable,
             "-m",
-            "tests.pve_server",
+            "pve_testserver",
             "--engine",
             "node",
             "--nodes",

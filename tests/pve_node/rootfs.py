@@ -11,7 +11,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-from tests.pve_server.hostkey import generate_ed25519
+from pve_testserver.hostkey import generate_ed25519
 
 from .spec import MMDEBSTRAP_OPTIONS, NodeSpec
 

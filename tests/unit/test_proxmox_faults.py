@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from proxmoxer.tools import Tasks
 
+from pve_testserver import PVETestServer
 from sandbox_rt import BackendError, Settings
 from sandbox_rt.backends import vmids
 from sandbox_rt.backends.proxmox import ProxmoxBackend
 from sandbox_rt.models import SandboxSpec
-from tests.pve_server import PVETestServer
 
 NODE = "pve"
 TEMPLATE = 9000

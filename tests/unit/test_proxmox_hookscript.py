@@ -3,7 +3,7 @@
 Real PVE cannot run here, so PVE::LXC, PVE::LXC::Config and PVE::Storage are replaced by small Perl
 stubs: the CT config is a JSON file, ``mount_all`` returns a directory standing in for the rootfs.
 What is real: the script, perl, ssh-keygen, chroot and the file ownership it sets. It does what
-tests/pve_server/hostkey.py emulates: a fresh CT gets one ed25519 host key (owned by the mapped root)
+pve_testserver/hostkey.py emulates: a fresh CT gets one ed25519 host key (owned by the mapped root)
 and the public half as the ``sandbox-rt-ssh-host-key:`` line of its description; a restart keeps
 both; symlinks planted in the rootfs never lead outside it.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pve_server import hostkey_of
+from pve_testserver import hostkey_of
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "roles" / "proxmox_hookscript" / "files" / "sandbox-rt-hookscript.pl"

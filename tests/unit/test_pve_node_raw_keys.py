@@ -1,4 +1,4 @@
-"""Raw ``lxc.*`` keys on the emulated PVE node, as pve-container treats them (tests/pve_server/pct_conf.py,
+"""Raw ``lxc.*`` keys on the emulated PVE node, as pve-container treats them (pve_testserver/pct_conf.py,
 the node engine's config files and LXC configs), without a running node: a node root filesystem in a
 temporary directory."""
 
@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.pve_server
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for pve_testserver
 
-from tests.pve_server import pct_conf
-from tests.pve_server.engine_memory import MemoryEngine
-from tests.pve_server.engine_node import NodeEngine, debian_interfaces, pve_cgroup_lines, pve_net_lines
+from pve_testserver import pct_conf
+from pve_testserver.engine_memory import MemoryEngine
+from pve_testserver.engine_node import NodeEngine, debian_interfaces, pve_cgroup_lines, pve_net_lines
 
 NET0 = "name=eth0,bridge=vmbr1,hwaddr=BC:24:11:AA:BB:CC,ip=10.90.1.9/16,gw=10.90.0.1,firewall=1,type=veth"
 OURS = [
@@ -160,7 +160,7 @@ def test_a_clone_copies_the_raw_entries() -> None:
     linked clone (the API's clone handler, engine aside), and GET .../config lists them."""
     from proxmoxer.tools import Tasks
 
-    from tests.pve_server import PVETestServer
+    from pve_testserver import PVETestServer
 
     def ok(api: Any, upid: str) -> None:
         status = Tasks.blocking_status(api, upid, timeout=10, polling_interval=0.02)

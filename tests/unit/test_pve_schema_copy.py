@@ -3,7 +3,7 @@
 import gzip
 import json
 
-from tests.pve_server.schema import BUNDLED_SCHEMA_PATH, DEFAULT_SCHEMA_PATH
+from pve_testserver.schema import BUNDLED_SCHEMA_PATH, DEFAULT_SCHEMA_PATH
 
 
 def test_bundled_schema_is_the_official_one() -> None:

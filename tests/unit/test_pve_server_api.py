@@ -12,9 +12,9 @@ import requests
 from proxmoxer import ResourceException
 from proxmoxer.tools import Tasks
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.pve_server
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for pve_testserver
 
-from tests.pve_server import PVETestServer, hostkey_of
+from pve_testserver import PVETestServer, hostkey_of
 
 NODE = "pve"
 TEMPLATE_ID = 9000

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.pve_server
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for pve_testserver
 
-from tests.pve_server.auth import AccessControl, hash_secret, normalize_path, template_replace
-from tests.pve_server.errors import PVEError
-from tests.pve_server.privileges import BUILTIN_ROLES
-from tests.pve_server.state import State, empty_state
+from pve_testserver.auth import AccessControl, hash_secret, normalize_path, template_replace
+from pve_testserver.errors import PVEError
+from pve_testserver.privileges import BUILTIN_ROLES
+from pve_testserver.state import State, empty_state
 
 CLONE_CHECK = [
     "and",

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.pve_server
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for pve_testserver
 
-from tests.pve_server.engine_lxc import LxcEngine, cgroup_lines, cgroup_version, net_lines
-from tests.pve_server.engine_memory import MemoryEngine
-from tests.pve_server.hostkey import HOSTKEY_PREFIX, hostkey_of, with_hostkey, without_hostkey
+from pve_testserver.engine_lxc import LxcEngine, cgroup_lines, cgroup_version, net_lines
+from pve_testserver.engine_memory import MemoryEngine
+from pve_testserver.hostkey import HOSTKEY_PREFIX, hostkey_of, with_hostkey, without_hostkey
 
 NET0 = "name=eth0,bridge=vmbr1,hwaddr=BC:24:11:AA:BB:CC,ip=10.99.1.9/16,gw=10.99.0.1,type=veth"
 

@@ -15,10 +15,10 @@ import pytest
 from proxmoxer import ResourceException
 from proxmoxer.tools import Tasks
 
+from pve_testserver import PVETestServer, pvefw
 from sandbox_rt import Settings
 from sandbox_rt.backends.proxmox import HOSTKEY_PREFIX, RECORD_PREFIX, ProxmoxBackend
 from sandbox_rt.models import SandboxSpec
-from tests.pve_server import PVETestServer, pvefw
 
 NODE = "pve"
 OSTEMPLATE = "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"

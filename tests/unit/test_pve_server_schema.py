@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.pve_server
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for pve_testserver
 
-from tests.pve_server import PVEError, Schema
-from tests.pve_server.core import HANDLERS, Core
-from tests.pve_server.formats import FormatError, check_named_format, split_list
-from tests.pve_server.privileges import BUILTIN_ROLES, PRIVILEGES
-from tests.pve_server.schema import parse_property_string, perl_regex
+from pve_testserver import PVEError, Schema
+from pve_testserver.core import HANDLERS, Core
+from pve_testserver.formats import FormatError, check_named_format, split_list
+from pve_testserver.privileges import BUILTIN_ROLES, PRIVILEGES
+from pve_testserver.schema import parse_property_string, perl_regex
 
 CT = "/nodes/{node}/lxc/{vmid}"
 NET0 = "name=eth0,bridge=vmbr1,ip=10.99.1.2/16,gw=10.99.0.1"
@@ -328,7 +328,7 @@ def test_split_list_like_pve() -> None:
 
 def test_implemented_endpoints_exist_in_the_schema_and_use_only_known_formats(schema: Schema) -> None:
     Core.__init__  # noqa: B018  (importing core registers nothing; the api modules do)
-    from tests.pve_server import api_access, api_cluster, api_firewall, api_lxc, api_tasks  # noqa: F401
+    from pve_testserver import api_access, api_cluster, api_firewall, api_lxc, api_tasks  # noqa: F401
 
     assert len(HANDLERS) >= 60
     for verb, template in HANDLERS:

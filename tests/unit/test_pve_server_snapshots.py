@@ -19,7 +19,7 @@ from test_pve_server_api import (
     wait_ok,
 )
 
-from tests.pve_server import PVETestServer
+from pve_testserver import PVETestServer
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ import pytest
 from proxmoxer.tools import Tasks
 from test_manager_cleanup import PUB, FakeBackend
 
+from pve_testserver import PVETestServer
+from pve_testserver.ctconfig import env_lines
 from sandbox_rt import ConfigError, Settings
 from sandbox_rt.backends.proxmox import ProxmoxBackend
 from sandbox_rt.backends.records import ROOT_ENV, spec_from_json, spec_to_json
@@ -26,8 +28,6 @@ from sandbox_rt.remote.calls import create as create_call
 from sandbox_rt.sandbox import Sandbox
 from sandbox_rt.ssh import RawResult
 from sandbox_rt.validation import check_user, make_spec
-from tests.pve_server import PVETestServer
-from tests.pve_server.ctconfig import env_lines
 
 
 def test_root_is_a_flag_and_off_by_default() -> None:
@@ -220,3 +220,30 @@ def test_cli_takes_root_and_user() -> None:
     args = _parser().parse_args(["exec", "--user", "root", "sbx-0000000001", "--", "id", "-u"])
     assert args.user == "root" and args.command[-2:] == ["id", "-u"]
     assert _parser().parse_args(["run", "--", "true"]).root is False
+
+
+def test_shared_records_name_expire_and_keep_root() -> None:
+    from sandbox_rt.backends.records import new_record, updated_record
+
+    before = time.time()
+    rec = new_record(
+        "sbx-00000000b1",
+        SandboxSpec(ttl_s=60, root=True),
+        ip="10.99.1.2",
+        host_key="k",
+        backend="x",
+    )
+    assert rec.hostname == "sbx-00000000b1" and rec.owner_pid > 0 and rec.spec.root
+    assert rec.expires_at is not None and before + 60 <= rec.expires_at <= time.time() + 60
+    detached = new_record(
+        "sbx-00000000b2", SandboxSpec(detached=True, hostname="h"), ip="", host_key="", backend="x"
+    )
+    assert (detached.owner_pid, detached.hostname, detached.expires_at) == (0, "h", None)
+    new = updated_record(rec, SandboxSpec(ttl_s=None, memory_mb=512))
+    assert (new.hostname, new.expires_at, new.spec.memory_mb, new.spec.root) == (
+        rec.hostname,
+        None,
+        512,
+        True,
+    )
+    assert new.created_at == rec.created_at and new.ip == rec.ip

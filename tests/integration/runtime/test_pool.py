@@ -5,10 +5,10 @@ from __future__ import annotations
 import concurrent.futures
 from pathlib import Path
 
+from pve_testserver import PVETestServer
 from sandbox_rt import Manager, Settings
 from sandbox_rt.backends.proxmox import ProxmoxBackend
 from sandbox_rt.pool import POOL_LABEL
-from tests.pve_server import PVETestServer
 
 from .conftest import SESSION_LABEL
 

@@ -9,11 +9,8 @@ import pytest
 from proxmoxer.tools import Tasks
 
 import sandbox_rt
-from sandbox_rt import BackendError, Manager, PermissionDenied
-from tests.pve_server import PVETestServer
-
-from .conftest import SESSION_LABEL
-from .pve_env import (
+from pve_testserver import PVETestServer
+from pve_testserver.env import (
     NODE,
     POOL,
     PRIVILEGES,
@@ -24,6 +21,9 @@ from .pve_env import (
     grant_runtime_access,
     world,
 )
+from sandbox_rt import BackendError, Manager, PermissionDenied
+
+from .conftest import SESSION_LABEL
 
 
 def _cts(srv: PVETestServer) -> set[int]:

@@ -26,11 +26,11 @@ from pathlib import Path
 import pytest
 
 import sandbox_rt
+from pve_testserver import PVETestServer
+from pve_testserver.env import TEMPLATE_VMID, create_markers, world
 from sandbox_rt import BackendError, Manager, Settings
-from tests.pve_server import PVETestServer
 
 from .conftest import SESSION_LABEL, Factory, _factory, settings_environ
-from .pve_env import TEMPLATE_VMID, create_markers, world
 
 TASK_TIMEOUT_S = 2.0  # pve_task_timeout_s of the fault tests' manager
 

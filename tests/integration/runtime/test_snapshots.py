@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 import sandbox_rt
+from pve_testserver import PVETestServer
 from sandbox_rt import ConfigError, Manager, Sandbox, SnapshotNotFound
 from sandbox_rt.backends.base import snapshot_backend
 from sandbox_rt.backends.lxc import LxcBackend
 from sandbox_rt.backends.proxmox import ProxmoxBackend
 from sandbox_rt.cli import main as cli_main
-from tests.pve_server import PVETestServer
 
 from .conftest import SESSION_LABEL, Factory
 

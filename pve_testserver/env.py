@@ -21,7 +21,8 @@ from proxmoxer import ProxmoxAPI
 from proxmoxer.tools import Tasks
 
 from sandbox_rt import Settings
-from tests.pve_server import LxcEngine, PVETestServer
+
+from . import LxcEngine, PVETestServer
 
 NODE = "pve"
 POOL = "sandbox-pool"
@@ -86,11 +87,13 @@ def real_pve_settings(base: Settings) -> Settings | None:
 
 
 @contextmanager
-def pve_test_server(base: Settings, state_dir: Path) -> Iterator[tuple[Settings, PVETestServer]]:
+def pve_test_server(
+    base: Settings, state_dir: Path, engine_prefix: str | None = None
+) -> Iterator[tuple[Settings, PVETestServer]]:
     # Several test sessions may share this machine's LXC path and bridge: each gets its own
     # container names (engine prefix) and VMID range (VMIDs name veths and pick addresses).
     session = secrets.randbelow(50)
-    engine = LxcEngine(base.lxc_path, base.template, prefix=f"pve{session:02d}-")
+    engine = LxcEngine(base.lxc_path, base.template, prefix=engine_prefix or f"pve{session:02d}-")
     srv = PVETestServer(engine=engine, first_vmid=10_000 + 1000 * session).start()
     made: list[int] = []
     try:

@@ -1,4 +1,4 @@
-"""``python -m tests.pve_server``: run the PVE API test server in the foreground.
+"""``python -m pve_testserver``: run the PVE API test server in the foreground.
 
 Prints the URL, the CA file and the server certificate's SHA-256 fingerprint; never a secret.
 The ``root@pam!bootstrap`` token (privsep=0, all privileges) is written as
@@ -25,7 +25,7 @@ from .server import PVETestServer, write_secret
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m tests.pve_server", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m pve_testserver", description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=0, help="port (default 0: a free one, printed)")
     ap.add_argument("--state", type=Path, help="JSON state file (loaded if present, written on change)")
