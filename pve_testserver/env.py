@@ -32,7 +32,7 @@ USER = "sandbox-rt@pve"
 TOKEN = "runtime"
 # The least privileges the runtime's calls need: the proxmox_access role's own list (one source;
 # tests/integration/test_proxmox_least_privilege.py proves each one is needed).
-ROLE_DEFAULTS = Path(__file__).resolve().parents[3] / "roles" / "proxmox_access" / "defaults" / "main.yml"
+ROLE_DEFAULTS = Path(__file__).resolve().parents[1] / "roles" / "proxmox_access" / "defaults" / "main.yml"
 _DEFAULTS = yaml.safe_load(ROLE_DEFAULTS.read_text())
 PRIVILEGES: list[str] = list(_DEFAULTS["proxmox_access_privileges"])
 # The template sits outside the pool with a read/clone-only role; "/" gets Sys.Audit (not propagated).

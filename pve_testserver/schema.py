@@ -30,7 +30,7 @@ from .formats import FormatError, check_named_format, is_known_format
 
 SCHEMA_ENV = "SANDBOX_RT_PVE_SCHEMA"
 # The repo's sibling ``shared/`` directory (see DESIGN.md 4); override with $SANDBOX_RT_PVE_SCHEMA.
-DEFAULT_SCHEMA_PATH = Path(__file__).resolve().parents[3] / "shared" / "pve-api-schema.json"
+DEFAULT_SCHEMA_PATH = Path(__file__).resolve().parents[2] / "shared" / "pve-api-schema.json"
 
 
 # A gzipped copy of the same file (pve-docs commit e5010dc) ships with the tests, so a clone without

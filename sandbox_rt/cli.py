@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__
+from . import __version__, logs
 from .errors import ConfigError, SandboxError
 from .limits import HTTP_LIMITS
 from .manager import Manager
@@ -42,19 +42,62 @@ def _labels(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless the help already says what it is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS:
+            return text
+        return super()._get_help_string(action)
+
+
+def _common_options(*, after_command: bool) -> argparse.ArgumentParser:
+    """-q, --json and --log-format: before the command or after it (``sandbox-rt ls --json``).
+    After it they default to "not given", so they never undo the same flag given before."""
+    common = argparse.ArgumentParser(add_help=False)
+    unset: dict[str, Any] = {"default": argparse.SUPPRESS} if after_command else {}
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr", **unset)
+    common.add_argument("--json", action="store_true", help="machine-readable output on stdout", **unset)
+    common.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="how the runtime's log records look on stderr (json: one object per line, with the "
+        "event and sandbox id as fields; progress lines are then left out)",
+        **(unset or {"default": "text"}),
+    )
+    return common
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sandbox-rt", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="sandbox-rt",
+        description=__doc__.splitlines()[0],
+        parents=[_common_options(after_command=False)],
+        formatter_class=_Formatter,
+    )
     p.add_argument("--version", action="version", version=f"sandbox-rt {__version__}")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    commands = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    after = _common_options(after_command=True)
+
+    class _Sub:  # every command takes the common options and shows defaults
+        @staticmethod
+        def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+            return commands.add_parser(name, parents=[after], formatter_class=_Formatter, **kwargs)
+
+    sub = _Sub()
 
     def spec_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--cpus", type=_positive_float, default=DEFAULT_CPUS)
+        sp.add_argument(
+            "--cpus",
+            type=_positive_float,
+            default=DEFAULT_CPUS,
+            help="CPU cores (a fraction is a quota)",
+        )
         sp.add_argument(
             "--memory", type=int, default=DEFAULT_MEMORY_MB, metavar="MB", help="memory limit in MiB"
         )
-        sp.add_argument("--disk", type=int, default=DEFAULT_DISK_GB, metavar="GB")
+        sp.add_argument("--disk", type=int, default=DEFAULT_DISK_GB, metavar="GB", help="disk limit in GB")
         sp.add_argument("--internet", action="store_true", help="allow HTTP/HTTPS to the internet")
         sp.add_argument(
             "--egress",
@@ -63,9 +106,16 @@ def _parser() -> argparse.ArgumentParser:
             metavar="DEST",
             help="without internet, allow only this address, network or domain (repeatable)",
         )
-        sp.add_argument("--hostname")
-        sp.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
-        sp.add_argument("--ttl", type=int, metavar="SECONDS", help="destroy by gc after this long")
+        sp.add_argument("--hostname", help="host name (default: the sandbox id)")
+        sp.add_argument(
+            "--label", action="append", default=[], metavar="KEY=VALUE", help="a label (repeatable)"
+        )
+        sp.add_argument(
+            "--ttl",
+            type=int,
+            metavar="SECONDS",
+            help="destroy by gc after this long (default: the host's default_ttl_s)",
+        )
         sp.add_argument("--from-snapshot", metavar="NAME", help="fork this snapshot instead of the template")
         for flag, unit, what in (
             ("--net-mbps", "MBIT", "network Mbit/s each way"),
@@ -86,7 +136,9 @@ def _parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("exec", help="run CMD in an existing sandbox")
     ex.add_argument("id")
-    ex.add_argument("--timeout", type=_positive_float)
+    ex.add_argument(
+        "--timeout", type=_positive_float, help="command timeout in seconds (default: the host's)"
+    )
     ex.add_argument("--user", help="root: in a sandbox made with --root (default: the sandbox user)")
     ex.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD")
 
@@ -103,7 +155,13 @@ def _parser() -> argparse.ArgumentParser:
     ds.add_argument("names", nargs="+", metavar="NAME")
 
     ls = sub.add_parser("ls", help="list sandboxes")
-    ls.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    ls.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="only those with it (repeatable)",
+    )
 
     st = sub.add_parser("status", help="state, limits and usage of a sandbox")
     st.add_argument("id")
@@ -113,11 +171,11 @@ def _parser() -> argparse.ArgumentParser:
 
     gc = sub.add_parser("gc", help="remove half-made, expired (and with --dead-owners orphaned) sandboxes")
     gc.add_argument("--dead-owners", action="store_true", help="also those whose creating process died")
-    gc.add_argument("--dry-run", action="store_true")
+    gc.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
 
     sv = sub.add_parser("serve", help="the HTTP control API (bearer token; loopback by default)")
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8787)
+    sv.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    sv.add_argument("--port", type=int, default=8787, help="the port to listen on")
     sv.add_argument("--token-file", help="file with the bearer token, mode 0600 (else $SANDBOX_RT_API_TOKEN)")
     sv.add_argument(
         "--max-body-mb",
@@ -152,14 +210,16 @@ def _parser() -> argparse.ArgumentParser:
     _mcp_args(sub.add_parser("mcp", help="an MCP server: sandboxes as tools (stdio, or HTTP with a token)"))
 
     rp = sub.add_parser("reaper", help="destroy expired sandboxes and those whose owner died, every N s")
-    rp.add_argument("--interval", type=_positive_float, default=30.0, metavar="SECONDS")
+    rp.add_argument(
+        "--interval", type=_positive_float, default=30.0, metavar="SECONDS", help="between sweeps"
+    )
     rp.add_argument("--once", action="store_true", help="one sweep (e.g. from cron), then exit")
     return p
 
 
 def _mcp_args(mc: argparse.ArgumentParser) -> None:
     """``sandbox-rt mcp`` (sandbox_rt/api/mcp.py)."""
-    mc.add_argument("--transport", choices=("stdio", "http"), default="stdio")
+    mc.add_argument("--transport", choices=("stdio", "http"), default="stdio", help="how clients reach it")
     mc.add_argument("--host", default="127.0.0.1", help="http: the address to listen on")
     mc.add_argument("--port", type=int, default=8788, help="http: the port (0: a free one)")
     mc.add_argument("--token-file", help="http: the bearer token's file, 0600 (else $SANDBOX_RT_API_TOKEN)")
@@ -171,9 +231,19 @@ def _mcp_args(mc: argparse.ArgumentParser) -> None:
     )
     mc.add_argument("--keep-snapshots", action="store_true", help="keep a session's snapshots after it ends")
     mc.add_argument(
-        "--base-snapshot", action="append", default=[], metavar="NAME", help="a snapshot any session may fork"
+        "--base-snapshot",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a snapshot any session may fork",
     )
-    mc.add_argument("--session-idle", type=_positive_float, default=1800.0, metavar="SECONDS")
+    mc.add_argument(
+        "--session-idle",
+        type=_positive_float,
+        default=1800.0,
+        metavar="SECONDS",
+        help="http: end an idle session",
+    )
 
 
 def _command(words: Sequence[str]) -> list[str]:
@@ -202,7 +272,7 @@ class _Cli:
         self.started = time.monotonic()
 
     def progress(self, msg: str) -> None:
-        if not self.args.quiet:
+        if not self.args.quiet and self.args.log_format != "json":
             print(f"[{time.monotonic() - self.started:6.2f}s] {msg}", file=sys.stderr, flush=True)
 
     def out(self, data: Any, text: str) -> None:
@@ -252,6 +322,9 @@ class _Cli:
 
     def run(self) -> int:
         a = self.args
+        # the long-running commands always say what they do; the others when asked for JSON records
+        if a.log_format == "json" or a.cmd in ("serve", "mcp", "reaper"):
+            logs.configure(a.log_format, level=logging.WARNING if a.quiet else logging.INFO)
         if a.cmd in ("run", "exec"):
             words = _command(a.command)  # bad usage fails before any sandbox is made
         if a.cmd == "serve":
@@ -363,8 +436,6 @@ class _Cli:
             idle_timeout_s=a.idle_timeout,
         )
         mgr = Manager.from_env()
-        logging.basicConfig(level=logging.WARNING if a.quiet else logging.INFO)
-        logging.getLogger("paramiko").setLevel(logging.WARNING)
         serve(
             mgr,
             a.host,
@@ -392,8 +463,6 @@ class _Cli:
             session_idle_s=a.session_idle,
         )
         token = load_token(a.token_file) if a.transport == "http" else None
-        logging.basicConfig(level=logging.WARNING if a.quiet else logging.INFO, stream=sys.stderr)
-        logging.getLogger("paramiko").setLevel(logging.WARNING)
         mcp = SandboxMcp(Manager.from_env(), options)
         if token is None:
             serve_stdio(mcp)  # stdout carries the protocol: progress and logs go to stderr

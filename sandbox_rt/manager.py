@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -13,6 +14,7 @@ from typing import Any
 
 import paramiko
 
+from . import logs
 from .backends.base import Backend, snapshot_backend
 from .config import Settings
 from .errors import ConfigError, SandboxError, SandboxNotFound, SnapshotNotFound
@@ -31,6 +33,10 @@ from .ssh import SSHExecutor, load_private_key, parse_public_key
 from .validation import check_sandbox_id, check_snapshot_name, make_spec
 
 __all__ = ["GcResult", "Manager", "new_sandbox_id"]
+
+def _since(t0: float) -> float:
+    return round(time.monotonic() - t0, 4)
+
 
 # How long root's connection to a running root=True sandbox may take (sshd is up by then).
 ROOT_CONNECT_TIMEOUT_S = 10.0
@@ -196,11 +202,13 @@ class Manager:
 
     def _hand_out(self, sb: Sandbox, spec: SandboxSpec) -> Sandbox:
         """Give a warm sandbox the request's limits, name, labels and TTL, then internet."""
+        t0 = time.monotonic()
         sb.record = self.backend.update(sb.record, spec)
         if spec.internet:
             self.backend.set_internet(sb.record, True)
         if spec.egress:
             self.backend.set_egress(sb.record, spec.egress)
+        logs.event("create", sb.id, backend=self.backend.name, pooled=True, duration_s=_since(t0))
         return sb
 
     def _create_cold(
@@ -228,12 +236,20 @@ class Manager:
             say("waiting for SSH")
             sandbox = self._connect(record, key)
             say(f"ready in {time.monotonic() - t0:.2f} s")
+            logs.event("create", sandbox_id, backend=backend.name, pooled=False, duration_s=_since(t0))
             return sandbox
         except BaseException as exc:
+            step = getattr(exc, "step", None)
+            logs.event(
+                "create_failed", sandbox_id, level=logging.WARNING, backend=backend.name,
+                step=step if isinstance(step, str) else None, error=type(exc).__name__,
+            )  # fmt: skip
             try:
                 backend.destroy(sandbox_id)
             except Exception as cleanup_exc:  # keep the original error; note the cleanup failure
                 exc.add_note(f"cleanup of {sandbox_id} also failed: {cleanup_exc}")
+                failed = type(cleanup_exc).__name__
+                logs.event("cleanup_failed", sandbox_id, level=logging.WARNING, error=failed)
             raise
         finally:
             backend.end(sandbox_id)
@@ -268,6 +284,7 @@ class Manager:
         check_sandbox_id(sandbox_id)
         if not self.backend.destroy(sandbox_id):
             raise SandboxNotFound(sandbox_id)
+        logs.event("destroy", sandbox_id, backend=self.backend.name)
 
     # -- snapshots -------------------------------------------------------------------------------
     def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
@@ -301,5 +318,6 @@ class Manager:
             if not dry_run:
                 with contextlib.suppress(SandboxNotFound):
                     self.backend.destroy(cand.sandbox_id)
+                logs.event("gc", cand.sandbox_id, backend=self.backend.name, reason=cand.reason)
             out.append(GcResult(cand.sandbox_id, cand.reason))
         return out

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from . import logs
 from .errors import SandboxError
 from .sandbox import Sandbox
 
@@ -77,6 +78,9 @@ class WarmPool:
             except SandboxError as exc:
                 self._failures += 1
                 log.warning("warm pool: could not make a sandbox (%s)", exc)
+                logs.event(
+                    "pool_fill_failed", level=logging.WARNING, error=type(exc).__name__, count=self._failures
+                )
                 self._closed.wait(min(30.0, 0.5 * 2 ** min(self._failures, 6)))  # back off
                 continue
             self._failures = 0
@@ -85,6 +89,7 @@ class WarmPool:
                     sb.destroy()
                 break
             self._ready.put(sb)
+            logs.event("pool_ready", sb.id, count=self._ready.qsize())
 
     def close(self) -> None:
         """Stop refilling and destroy the sandboxes nobody took."""

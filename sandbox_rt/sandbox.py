@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
 
+from . import logs
 from .backends.base import snapshot_backend
 from .background import BackgroundProcess
 from .commands import Commands
@@ -412,6 +413,7 @@ class Sandbox:
                 self._root_ssh.close()
             self._backend.destroy(self.id)
             self._destroyed = True
+        logs.event("destroy", self.id, backend=self._backend.name)
 
     def _check_alive(self) -> None:
         if self._destroyed:

@@ -118,3 +118,20 @@ def test_create_works_under_a_strict_umask(lxc_manager: Manager) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout == "sandbox\n"
+
+
+def test_cli_json_log_of_a_real_run(lxc_manager: Manager) -> None:
+    """``--log-format json``: stderr is JSON lines only (no progress), the create and destroy events
+    of the one sandbox carry its id; ``python -m sandbox_rt`` is the same CLI."""
+    r = subprocess.run(
+        [sys.executable, "-m", "sandbox_rt", "--log-format", "json", "run", "--memory", "256", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in r.stderr.splitlines()]  # every line is a JSON object
+    events = [(x["event"], x["sandbox_id"]) for x in records if "event" in x]
+    assert [e for e, _ in events] == ["create", "destroy"], records
+    assert events[0][1] == events[1][1] and events[0][1].startswith("sbx-")
+    assert {x["level"] for x in records} <= {"info", "warning"}
