@@ -29,6 +29,7 @@ import yaml
 from testinfra.host import Host
 
 import sandbox_rt
+from pve_testserver.schema import BUNDLED_SCHEMA_PATH
 from sandbox_rt.backends.idmap import idmap_base_for
 from sandbox_rt.network import NftInternetSet
 
@@ -1580,7 +1581,7 @@ def pve_pids_max_fixed(settings: sandbox_rt.Settings) -> tuple[bool, str]:
     runtime's pids_max cannot reach the CT, only the template's raw lxc.cgroup*.pids.max does."""
     import gzip
 
-    schema_file = REPO / "tests" / "pve_server" / "data" / "pve-api-schema.json.gz"
+    schema_file = BUNDLED_SCHEMA_PATH  # the test server's copy of the official schema
     stack, options = list(json.loads(gzip.decompress(schema_file.read_bytes()))), set()
     while stack:
         item = stack.pop()

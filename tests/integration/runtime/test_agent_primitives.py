@@ -138,8 +138,8 @@ def _until(t: sandbox_rt.pty.Pty, needle: bytes, timeout: float = 20) -> bytes:
 
 def test_pty_runs_a_shell_with_input_resize_and_exit_status(sb: sandbox_rt.Sandbox) -> None:
     with sb.pty(100, 30) as t:
-        t.write("stty size; tty; echo $((6*7))\n")
-        out = _until(t, b"42")
+        t.write("stty size; tty; echo $((6*7))-end\n")
+        out = _until(t, b"42-end")  # not "42": a sandbox id may contain it (the prompt shows the id)
         assert b"30 100" in out and b"/dev/pts/" in out
         t.resize(120, 40)
         t.write("stty size\n")
