@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import sys
@@ -80,12 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     commands = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     after = _common_options(after_command=True)
 
-    class _Sub:  # every command takes the common options and shows defaults
-        @staticmethod
-        def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
-            return commands.add_parser(name, parents=[after], formatter_class=_Formatter, **kwargs)
-
-    sub = _Sub()
+    # every command takes the common options and shows its options' defaults
+    command = functools.partial(commands.add_parser, parents=[after], formatter_class=_Formatter)
 
     def spec_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
@@ -125,16 +122,16 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument(flag, type=int, metavar=unit, help=f"{what} (default: the host's; 0: no cap)")
         sp.add_argument("--root", action="store_true", help="commands may run as root (exec --user root)")
 
-    run = sub.add_parser("run", help="create a sandbox, run CMD (streaming), destroy it")
+    run = command("run", help="create a sandbox, run CMD (streaming), destroy it")
     spec_args(run)
     run.add_argument("--timeout", type=_positive_float, help="command timeout in seconds")
     run.add_argument("--user", help="run CMD as this user: root needs --root (default: the sandbox user)")
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD")
 
-    create = sub.add_parser("create", help="create a sandbox and print its id")
+    create = command("create", help="create a sandbox and print its id")
     spec_args(create)
 
-    ex = sub.add_parser("exec", help="run CMD in an existing sandbox")
+    ex = command("exec", help="run CMD in an existing sandbox")
     ex.add_argument("id")
     ex.add_argument(
         "--timeout", type=_positive_float, help="command timeout in seconds (default: the host's)"
@@ -142,19 +139,19 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--user", help="root: in a sandbox made with --root (default: the sandbox user)")
     ex.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD")
 
-    sh = sub.add_parser("shell", help="an interactive shell in a sandbox, in this terminal")
+    sh = command("shell", help="an interactive shell in a sandbox, in this terminal")
     sh.add_argument("id")
     sh.add_argument("--command", help="run this instead of the login shell")
     sh.add_argument("--user", help="root: in a sandbox made with --root (default: the sandbox user)")
 
-    sn = sub.add_parser("snapshot", help="save a sandbox's files as a named snapshot (to fork)")
+    sn = command("snapshot", help="save a sandbox's files as a named snapshot (to fork)")
     sn.add_argument("id")
     sn.add_argument("name")
-    sub.add_parser("snapshots", help="list snapshots")
-    ds = sub.add_parser("delete-snapshot", help="delete snapshots by name")
+    command("snapshots", help="list snapshots")
+    ds = command("delete-snapshot", help="delete snapshots by name")
     ds.add_argument("names", nargs="+", metavar="NAME")
 
-    ls = sub.add_parser("ls", help="list sandboxes")
+    ls = command("ls", help="list sandboxes")
     ls.add_argument(
         "--label",
         action="append",
@@ -163,17 +160,17 @@ def _parser() -> argparse.ArgumentParser:
         help="only those with it (repeatable)",
     )
 
-    st = sub.add_parser("status", help="state, limits and usage of a sandbox")
+    st = command("status", help="state, limits and usage of a sandbox")
     st.add_argument("id")
 
-    de = sub.add_parser("destroy", help="destroy sandboxes by id")
+    de = command("destroy", help="destroy sandboxes by id")
     de.add_argument("ids", nargs="+", metavar="ID")
 
-    gc = sub.add_parser("gc", help="remove half-made, expired (and with --dead-owners orphaned) sandboxes")
+    gc = command("gc", help="remove half-made, expired (and with --dead-owners orphaned) sandboxes")
     gc.add_argument("--dead-owners", action="store_true", help="also those whose creating process died")
     gc.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
 
-    sv = sub.add_parser("serve", help="the HTTP control API (bearer token; loopback by default)")
+    sv = command("serve", help="the HTTP control API (bearer token; loopback by default)")
     sv.add_argument("--host", default="127.0.0.1", help="the address to listen on")
     sv.add_argument("--port", type=int, default=8787, help="the port to listen on")
     sv.add_argument("--token-file", help="file with the bearer token, mode 0600 (else $SANDBOX_RT_API_TOKEN)")
@@ -207,9 +204,9 @@ def _parser() -> argparse.ArgumentParser:
         help="close a keep-alive connection idle for this long (default: %(default)s)",
     )
 
-    _mcp_args(sub.add_parser("mcp", help="an MCP server: sandboxes as tools (stdio, or HTTP with a token)"))
+    _mcp_args(command("mcp", help="an MCP server: sandboxes as tools (stdio, or HTTP with a token)"))
 
-    rp = sub.add_parser("reaper", help="destroy expired sandboxes and those whose owner died, every N s")
+    rp = command("reaper", help="destroy expired sandboxes and those whose owner died, every N s")
     rp.add_argument(
         "--interval", type=_positive_float, default=30.0, metavar="SECONDS", help="between sweeps"
     )

@@ -1252,31 +1252,34 @@ def _errname(value: int) -> str:
     return errno_module.errorcode.get(value, str(value))
 
 
-def check_refused(t: Target, family: str) -> None:
-    """Every call of ``family`` made as the sandbox user gets the filter's errno, and the filter the
-    kernel holds for this sandbox answers exactly that call (same number, same arguments) with that
-    errno: the refusal is the filter's, not the kernel's own permission check."""
-    c = FAMILY_CONTROLS[family]
-    got = kernel_probe(t, family)
+def check_refused(t: Target, *families: str, as_root: bool = False) -> None:
+    """Every call of ``families`` made as the sandbox user (``as_root``: as container root, see
+    :func:`run_root`) gets the filter's errno, and the filter the kernel holds for this sandbox
+    answers exactly that call (same number, same arguments) with that errno: the refusal is the
+    filter's, not the kernel's own permission check. One probe run for all the families."""
+    who = "container root" if as_root else "the sandbox user"
+    got = kernel_probe(t, *families, as_root=as_root)
     programs = seccomp_filter.loaded_filters(init_pid(t))
     filters = got["filters"]
-    require(c, filters == len(programs), f"the user runs under {filters} filters, PID 1 {len(programs)}")
-    for call, r in got[family].items():
-        assert "error" not in r, f"kernel probe {call}: {r['error']}"
-        want = FILTER_ERRNO.get(call, EPERM)
-        require(
-            c,
-            (r["ret"], r["errno"]) == (-1, want),
-            f"{call} as the sandbox user returned {r['ret']} ({_errname(r['errno'])}), "
-            f"not the filter's {_errname(want)}",
-        )
-        verdict = seccomp_filter.verdict(programs, r["nr"], r["args"])
-        require(
-            c,
-            verdict == seccomp_filter.Verdict("errno", want),
-            f"the sandbox's seccomp filter answers {call} with {verdict}, not errno {_errname(want)}: "
-            "the refusal is not the filter's",
-        )
+    for family in families:
+        c = FAMILY_CONTROLS[family]
+        require(c, filters == len(programs), f"{who} runs under {filters} filters, PID 1 {len(programs)}")
+        for call, r in got[family].items():
+            assert "error" not in r, f"kernel probe {call}: {r['error']}"
+            want = FILTER_ERRNO.get(call, EPERM)
+            require(
+                c,
+                (r["ret"], r["errno"]) == (-1, want),
+                f"{call} as {who} returned {r['ret']} ({_errname(r['errno'])}), "
+                f"not the filter's {_errname(want)}",
+            )
+            verdict = seccomp_filter.verdict(programs, r["nr"], r["args"])
+            require(
+                c,
+                verdict == seccomp_filter.Verdict("errno", want),
+                f"the sandbox's seccomp filter answers {call} with {verdict}, not errno {_errname(want)}: "
+                "the refusal is not the filter's",
+            )
 
 
 def check_userns_lock(t: Target) -> None:
@@ -1650,16 +1653,9 @@ def check_root_on_request(t: Target) -> None:
         require(c, not extra, f"root holds {extra} beyond Docker's default set ({key} {got:x})")
         require(c, got == want, f"root's {key} {got:x} is not Docker's default set less net_raw {want:x}")
     require(c, fields.get("NoNewPrivs") == "1" and fields.get("Seccomp") == "2", f"root runs {fields}")
-    require(c, uid_map_outside(t) != 0, "the container's root is the host's root")
-    # the kernel surface, as that root: every call the filter refuses is refused with its errno
-    got = kernel_probe(t, *FAMILY_CONTROLS, as_root=True)
-    bad = {
-        f"{family}:{call}": (res["ret"], _errname(res["errno"]))
-        for family in FAMILY_CONTROLS
-        for call, res in got[family].items()
-        if (res["ret"], res["errno"]) != (-1, FILTER_ERRNO.get(call, EPERM))
-    }
-    require(c, not bad, f"root over SSH got answers other than the filter's: {bad}")
+    check_unprivileged(t)  # that uid 0 is the sandbox's own unprivileged host range
+    # the kernel surface, as that root: every call the filter refuses is refused, by the filter
+    check_refused(t, *FAMILY_CONTROLS, as_root=True)
     # the shell-level escapes, as that root
     for check in (check_no_mounts, check_no_modules, check_no_user_namespaces, check_proc_sys_readonly):
         check(t)
@@ -1671,8 +1667,3 @@ def check_root_on_request(t: Target) -> None:
         as_root=True,
     )  # fmt: skip
     require(c, not changed, f"root over SSH could: {changed}")
-
-
-def uid_map_outside(t: Target) -> int:
-    """The host uid the sandbox's root is (the first line of PID 1's uid_map, as the host reads it)."""
-    return int(Path(f"/proc/{init_pid(t)}/uid_map").read_text().split()[1])
