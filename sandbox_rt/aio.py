@@ -137,6 +137,7 @@ class AsyncManager:
         disk_mbps: int | None = None,
         disk_iops: int | None = None,
         root: bool = False,
+        template: str | None = None,
     ) -> Pending[AsyncSandbox]:
         """``await mgr.create(...)`` or ``async with mgr.create(...) as sb``: :meth:`Manager.create`."""
         kwargs: dict[str, Any] = dict(
@@ -155,6 +156,7 @@ class AsyncManager:
             disk_mbps=disk_mbps,
             disk_iops=disk_iops,
             root=root,
+            template=template,
         )
 
         async def make() -> AsyncSandbox:
@@ -176,6 +178,10 @@ class AsyncManager:
 
     async def gc(self, *, dead_owners: bool = False, dry_run: bool = False) -> builtins.list[GcResult]:
         return await self.run_sync(self.sync.gc, dead_owners=dead_owners, dry_run=dry_run)
+
+    def templates(self) -> builtins.list[str]:
+        """The template names ``create(template=...)`` takes (from the host contract: no I/O)."""
+        return self.sync.templates()
 
     async def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
         return await self.run_sync(self.sync.snapshot, sandbox_id, name)

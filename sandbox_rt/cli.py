@@ -113,6 +113,11 @@ def _parser() -> argparse.ArgumentParser:
             metavar="SECONDS",
             help="destroy by gc after this long (default: the host's default_ttl_s)",
         )
+        sp.add_argument(
+            "--template",
+            metavar="NAME",
+            help="clone this named template (sandbox-rt template ls; default: the host's default)",
+        )
         sp.add_argument("--from-snapshot", metavar="NAME", help="fork this snapshot instead of the template")
         for flag, unit, what in (
             ("--net-mbps", "MBIT", "network Mbit/s each way"),
@@ -148,6 +153,8 @@ def _parser() -> argparse.ArgumentParser:
     sn.add_argument("id")
     sn.add_argument("name")
     command("snapshots", help="list snapshots")
+    tp = command("template", help="the templates sandboxes are cloned from (create --template NAME)")
+    tp.add_argument("action", choices=["ls"], help="ls: list the template names this host has")
     ds = command("delete-snapshot", help="delete snapshots by name")
     ds.add_argument("names", nargs="+", metavar="NAME")
 
@@ -309,6 +316,7 @@ class _Cli:
             hostname=a.hostname,
             labels=_labels(a.label),
             ttl_s=a.ttl,
+            template=a.template,
             from_snapshot=a.from_snapshot,
             net_mbps=a.net_mbps,
             disk_mbps=a.disk_mbps,
@@ -368,6 +376,10 @@ class _Cli:
                 size = f"{sn.size_bytes / 1e6:.1f} MB" if sn.size_bytes is not None else "-"
                 lines.append(f"{sn.name:40} {sn.source_id:16} {created:20} {size}")
             self.out([dataclasses.asdict(sn) for sn in snaps], "\n".join(lines))
+            return 0
+        if a.cmd == "template":  # action "ls", the only one argparse lets through
+            names = mgr.templates()
+            self.out(names, "\n".join(names))
             return 0
         if a.cmd == "delete-snapshot":
             for name in a.names:

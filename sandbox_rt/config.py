@@ -15,6 +15,8 @@ from typing import Any
 
 from .caps import DEFAULT_DISK_IOPS, DEFAULT_DISK_MBPS, DEFAULT_NET_MBPS
 from .errors import ConfigError
+from .models import DEFAULT_TEMPLATE
+from .validation import check_template_name
 
 __all__ = ["DEFAULT_HOST_CONFIG", "Settings"]
 
@@ -28,7 +30,10 @@ class Settings:
 
     backend: str = "lxc"
     lxc_path: Path = Path("/var/lib/sandbox_rt/lxc")
+    # the default template's container (create(template="default"), the usual case)
     template: str = "sandbox-template"
+    # more named templates (template_build_templates): name -> container of lxc_path
+    templates: dict[str, str] = dataclasses.field(default_factory=dict)
     bridge: str = "vmbr1"
     network_cidr: str = "10.99.0.0/16"
     gateway: str = "10.99.0.1"
@@ -75,6 +80,8 @@ class Settings:
     pve_verify: str = "true"  # "true" (system CAs), a CA file path, or "false" (warns)
     pve_node: str = ""  # "" = the template's node (linked clones live where the template is)
     pve_template_vmid: int = 0
+    # more named templates on Proxmox VE: name -> the VMID of its CT template
+    pve_templates: dict[str, int] = dataclasses.field(default_factory=dict)
     pve_pool: str = "sandbox-pool"
     # how long one PVE task (clone, start, resize, destroy) may run, and how long a "CT is locked"
     # answer is retried; a task still running then is stopped and the step fails (BackendError)
@@ -140,8 +147,35 @@ class Settings:
         for name in ("ssh_ready_timeout_s", "command_timeout_s", "pve_task_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0")
+        self._validate_templates()
         if self.backend == "proxmox":
             self._validate_proxmox()
+
+    def _validate_templates(self) -> None:
+        for field, mapping in (("templates", self.templates), ("pve_templates", self.pve_templates)):
+            if not isinstance(mapping, dict):
+                raise ConfigError(f"{field} must map template names to templates, not {mapping!r}")
+            for name, where in mapping.items():
+                try:
+                    check_template_name(name)
+                except ConfigError as exc:
+                    raise ConfigError(f"{field}: {exc}") from None
+                if name == DEFAULT_TEMPLATE:
+                    raise ConfigError(
+                        f"{field}: {DEFAULT_TEMPLATE!r} is the host's default template "
+                        "(template / pve_template_vmid), not a name to map"
+                    )
+                if field == "templates" and not (
+                    isinstance(where, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", where)
+                ):
+                    raise ConfigError(f"templates: {name} -> {where!r} is not a container name")
+                if field == "pve_templates" and not (isinstance(where, int) and where >= 100):
+                    raise ConfigError(f"pve_templates: {name} -> {where!r} is not a VMID (>= 100)")
+
+    def template_names(self) -> list[str]:
+        """The templates ``create(template=...)`` may name on this host: ``default`` first."""
+        named = self.pve_templates if self.backend == "proxmox" else self.templates
+        return [DEFAULT_TEMPLATE, *sorted(named)]
 
     def _validate_proxmox(self) -> None:
         if not self.pve_url.startswith("https://"):
@@ -182,6 +216,11 @@ def _coerce(field: dataclasses.Field[Any], name: str, value: Any) -> Any:
             return float(value)
         if kind == "bool":
             return _boolean(value)
+        if kind.startswith("dict["):  # a JSON object (host.json, or an env var holding JSON)
+            mapping = json.loads(value) if isinstance(value, str) else value
+            if not isinstance(mapping, dict):
+                raise ValueError(value)
+            return {str(k): int(v) if "int]" in kind else str(v) for k, v in mapping.items()}
         return str(value)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{name}={value!r} is not a valid {kind}") from exc

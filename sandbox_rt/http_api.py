@@ -177,8 +177,11 @@ class ManagerLike(Protocol):
         disk_mbps: int | None = None,
         disk_iops: int | None = None,
         root: bool = False,
+        template: str | None = None,
         from_snapshot: str | None = None,
     ) -> SandboxLike: ...
+
+    def templates(self) -> builtins.list[str]: ...
 
     def attach(self, sandbox_id: str) -> SandboxLike: ...
 
@@ -414,6 +417,7 @@ CREATE_FIELDS: dict[str, tuple[str, bool]] = {
     "disk_mbps": ("integer", True),
     "disk_iops": ("integer", True),
     "root": ("boolean", False),
+    "template": ("string", True),
 }
 EXEC_FIELDS: dict[str, tuple[str, bool]] = {
     "command": ("command", False),
@@ -459,6 +463,7 @@ def record_json(r: SandboxRecord) -> dict[str, Any]:
         "disk_mbps": r.spec.disk_mbps,
         "disk_iops": r.spec.disk_iops,
         "root": r.spec.root,
+        "template": r.spec.template,
     }
 
 
@@ -548,6 +553,7 @@ class Route:
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/healthz", "health", auth=False),
     Route("GET", "/openapi.json", "openapi", auth=False),
+    Route("GET", "/v1/templates", "templates"),
     Route("POST", "/v1/sandboxes", "create"),
     Route("GET", "/v1/sandboxes", "list_sandboxes"),
     Route("GET", "/v1/sandboxes/{id}", "get_status"),
@@ -1198,6 +1204,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _h_openapi(self) -> None:
         self._read_body()
         self._send_json(200, openapi_document())
+
+    def _h_templates(self) -> None:
+        self._read_body()
+        self._send_json(200, {"templates": self.app.manager.templates()})
 
     def _h_create(self) -> None:
         body = self._json_body("create", required=False)

@@ -16,8 +16,8 @@ from typing import Any
 from . import __version__
 from .caps import MAX_DISK_IOPS, MAX_DISK_MBPS, MAX_NET_MBPS
 from .limits import DEFAULT_MAX_OUTPUT, HTTP_LIMITS
-from .models import DEFAULT_CPUS, DEFAULT_DISK_GB, DEFAULT_MEMORY_MB, DEFAULT_PIDS_MAX
-from .validation import MAX_DISK_GB, MAX_PIDS_MAX, MIN_MEMORY_MB, MIN_PIDS_MAX
+from .models import DEFAULT_CPUS, DEFAULT_DISK_GB, DEFAULT_MEMORY_MB, DEFAULT_PIDS_MAX, DEFAULT_TEMPLATE
+from .validation import MAX_DISK_GB, MAX_PIDS_MAX, MIN_MEMORY_MB, MIN_PIDS_MAX, TEMPLATE_NAME
 
 __all__ = ["openapi_document"]
 
@@ -44,6 +44,11 @@ _LABELS = {
 _NULLABLE_NUMBER = {"type": ["number", "null"]}
 _NULLABLE_INT = {"type": ["integer", "null"]}
 _SNAPSHOT_NAME = _exact("[A-Za-z][A-Za-z0-9_-]{1,39}")
+_TEMPLATE = {
+    "type": "string",
+    "pattern": _exact(TEMPLATE_NAME.pattern),
+    "description": f"A template name (GET /v1/templates; {DEFAULT_TEMPLATE!r}: the host's default).",
+}
 # per-sandbox caps on what sandboxes share (sandbox_rt/caps.py); 0: no cap
 _CAP_TEXT = {
     "net_mbps": "Network bandwidth each way, Mbit/s (LXC: the runtime's SSH session is not counted).",
@@ -205,6 +210,13 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Fork this snapshot (its files, a new identity) instead of the template; "
                 "404 if there is none.",
             },
+            "template": {
+                **_TEMPLATE,
+                "type": ["string", "null"],
+                "description": "Clone this named template (GET /v1/templates; default: "
+                f"{DEFAULT_TEMPLATE!r}); an unknown name is a 400 naming the known ones. Not with "
+                "from_snapshot (a fork has its snapshot's template): 400.",
+            },
             "root": {
                 "type": "boolean",
                 "default": False,
@@ -262,6 +274,7 @@ _SCHEMAS: dict[str, Any] = {
             "labels": _LABELS,
             "expires_at": {**_NULLABLE_NUMBER, "description": "Unix time after which gc destroys it."},
             "egress": {"type": "array", "items": {"type": "string"}, "description": "The egress allow-list."},
+            "template": _TEMPLATE,
             **_CAPS,
         },
     },
@@ -294,6 +307,7 @@ _SCHEMAS: dict[str, Any] = {
             "disk_gb": {"type": "integer"},
             "pids_max": {"type": "integer"},
             "root": {"type": "boolean", "description": "Made with root=True (commands may run as root)."},
+            "template": _TEMPLATE,
             **_CAPS,
         },
     },
@@ -428,6 +442,18 @@ _SCHEMAS: dict[str, Any] = {
             "created_at": {"type": "number", "description": "Unix time"},
             "backend": {"type": "string"},
             "size_bytes": {**_NULLABLE_INT, "description": "LXC: bytes of the saved files; PVE: null"},
+            "template": {**_TEMPLATE, "description": "The source's template: forks are cloned from it."},
+        },
+    },
+    "TemplateList": {
+        "type": "object",
+        "required": ["templates"],
+        "properties": {
+            "templates": {
+                "type": "array",
+                "items": _TEMPLATE,
+                "description": f"The names create takes, {DEFAULT_TEMPLATE!r} first.",
+            }
         },
     },
     "InternetRequest": {
@@ -502,6 +528,13 @@ _PATHS: dict[str, Any] = {
             "summary": "This OpenAPI document (no authentication)",
             "security": [],
             "responses": {"200": _json({"type": "object"}, "The OpenAPI 3.1 document."), **_errors()},
+        }
+    },
+    "/v1/templates": {
+        "get": {
+            "operationId": "listTemplates",
+            "summary": "The template names a create may use (the host contract's; default first)",
+            "responses": {"200": _json(_ref("TemplateList"), "The names."), **_errors("401")},
         }
     },
     "/v1/sandboxes": {

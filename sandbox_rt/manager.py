@@ -23,6 +23,7 @@ from .models import (
     DEFAULT_DISK_GB,
     DEFAULT_MEMORY_MB,
     DEFAULT_PIDS_MAX,
+    DEFAULT_TEMPLATE,
     SandboxRecord,
     SandboxSpec,
     SnapshotInfo,
@@ -98,6 +99,7 @@ class Manager:
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 0:
             raise ConfigError(f"pool_size={pool_size!r} must be a whole number >= 0")
         self.pool: WarmPool | None = None
+        self._pool_template = DEFAULT_TEMPLATE  # the pool's sandboxes' template (pool_spec's)
         if pool_size:
             base = dict(pool_spec or {})
             base["labels"] = {**dict(base.get("labels") or {}), POOL_LABEL: new_sandbox_id()[4:]}
@@ -106,6 +108,8 @@ class Manager:
             base.setdefault("disk_mbps", self.settings.default_disk_mbps)
             base.setdefault("disk_iops", self.settings.default_disk_iops)
             pool_base = make_spec(**base)  # a bad pool spec fails here, before any thread starts
+            self._check_template(pool_base.template)
+            self._pool_template = pool_base.template
             self.key  # noqa: B018 - a missing key fails here too
             self.pool = WarmPool(pool_size, lambda: self._create_cold(pool_base, None))
 
@@ -150,6 +154,7 @@ class Manager:
         disk_mbps: int | None = None,
         disk_iops: int | None = None,
         root: bool = False,
+        template: str | None = None,
         from_snapshot: str | None = None,
         progress: Progress | None = None,
     ) -> Sandbox:
@@ -169,7 +174,16 @@ class Manager:
         ``root=True`` lets commands run as the sandbox's root (``exec(..., user="root")``, e.g. to
         ``apt-get install`` through its egress list); the container stays unprivileged. Such a
         sandbox is always made cold (never taken from the warm pool).
+        ``template`` names the template to clone (:meth:`templates`; None: ``default``); an unknown
+        name is a ConfigError before anything is made. A fork has its snapshot's template, so
+        ``template`` and ``from_snapshot`` do not go together. Only sandboxes of the pool's template
+        (``pool_spec``'s, default ``default``) come from the warm pool.
         """
+        if template is not None and from_snapshot is not None:
+            raise ConfigError(
+                "template= and from_snapshot= do not go together: "
+                "a fork is cloned from its snapshot's template"
+            )
         spec = make_spec(
             hostname=hostname,
             cpus=cpus,
@@ -185,12 +199,15 @@ class Manager:
             disk_mbps=disk_mbps if disk_mbps is not None else self.settings.default_disk_mbps,
             disk_iops=disk_iops if disk_iops is not None else self.settings.default_disk_iops,
             root=root,
+            template=DEFAULT_TEMPLATE if template is None else template,
         )
+        self._check_template(spec.template)
         if from_snapshot is not None:  # a fork is never a warm-pool sandbox
             check_snapshot_name(from_snapshot)
             snapshot_backend(self.backend)
             return self._create_cold(spec, progress, from_snapshot)
-        if self.pool is not None and not spec.root:  # pool sandboxes start without root
+        # pool sandboxes are of the pool's template and start without root
+        if self.pool is not None and not spec.root and spec.template == self._pool_template:
             warm = self.pool.take()
             if warm is not None:
                 try:
@@ -199,6 +216,15 @@ class Manager:
                     with contextlib.suppress(SandboxError):
                         warm.destroy()  # a pool sandbox that cannot take the spec: make one cold
         return self._create_cold(spec, progress)
+
+    def templates(self) -> builtins.list[str]:
+        """The template names ``create(template=...)`` takes on this host (``default`` first)."""
+        return self.settings.template_names()
+
+    def _check_template(self, name: str) -> None:
+        known = self.settings.template_names()
+        if name not in known:
+            raise ConfigError(f"unknown template {name!r}; this host has: {', '.join(known)}")
 
     def _hand_out(self, sb: Sandbox, spec: SandboxSpec) -> Sandbox:
         """Give a warm sandbox the request's limits, name, labels and TTL, then internet."""
@@ -222,7 +248,7 @@ class Manager:
         try:
             t0 = time.monotonic()
             if from_snapshot is None:
-                say(f"cloning {self.settings.template} -> {sandbox_id}")
+                say(f"cloning template {spec.template} -> {sandbox_id}")
                 record = backend.clone(sandbox_id, spec)
             else:
                 say(f"forking snapshot {from_snapshot} -> {sandbox_id}")

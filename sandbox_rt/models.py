@@ -65,6 +65,9 @@ DEFAULT_CPUS = 1.0
 DEFAULT_MEMORY_MB = 1024
 DEFAULT_DISK_GB = 8
 DEFAULT_PIDS_MAX = 1024
+# The template a sandbox is cloned from unless create() names another (the host contract's
+# ``template`` / ``pve_template_vmid``); more named templates come from the inventory (issue 17).
+DEFAULT_TEMPLATE = "default"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +95,8 @@ class SandboxSpec:
     # container stays unprivileged (its root is an unprivileged host uid without Docker's dropped
     # capabilities). Set at creation only: a sandbox never gains or loses it.
     root: bool = False
+    # the named template it is cloned from (Settings.template_names(); a fork: its snapshot's)
+    template: str = DEFAULT_TEMPLATE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +148,7 @@ class SandboxStatus:
     net_mbps: int = 0
     disk_mbps: int = 0
     disk_iops: int = 0
+    template: str = DEFAULT_TEMPLATE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +164,7 @@ class SnapshotInfo:
     created_at: float
     backend: str
     size_bytes: int | None = None  # LXC: bytes of the saved delta; PVE: not reported
+    template: str = DEFAULT_TEMPLATE  # the source's template: every fork is cloned from it too
 
 
 EntryType = Literal["file", "dir", "symlink", "other"]

@@ -353,6 +353,7 @@ class Sandbox:
             net_mbps=spec.net_mbps,
             disk_mbps=spec.disk_mbps,
             disk_iops=spec.disk_iops,
+            template=spec.template,
         )
 
     def expose(self, port: int, *, host: str = "127.0.0.1", host_port: int = 0) -> PortForward:

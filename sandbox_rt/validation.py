@@ -17,7 +17,14 @@ from .caps import (
     MAX_NET_MBPS,
 )
 from .errors import ConfigError
-from .models import DEFAULT_CPUS, DEFAULT_DISK_GB, DEFAULT_MEMORY_MB, DEFAULT_PIDS_MAX, SandboxSpec
+from .models import (
+    DEFAULT_CPUS,
+    DEFAULT_DISK_GB,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_PIDS_MAX,
+    DEFAULT_TEMPLATE,
+    SandboxSpec,
+)
 
 __all__ = [
     "check_egress",
@@ -27,6 +34,7 @@ __all__ = [
     "check_remote_path",
     "check_sandbox_id",
     "check_snapshot_name",
+    "check_template_name",
     "check_timeout",
     "egress_entry",
     "make_spec",
@@ -93,6 +101,7 @@ def make_spec(
     disk_mbps: int = DEFAULT_DISK_MBPS,
     disk_iops: int = DEFAULT_DISK_IOPS,
     root: bool = False,
+    template: str = DEFAULT_TEMPLATE,
     host_cpus: int | None = None,
 ) -> SandboxSpec:
     """Validate ``create`` arguments into a :class:`SandboxSpec` or raise ConfigError."""
@@ -147,6 +156,7 @@ def make_spec(
         detached=detached,
         egress=check_egress(egress),
         root=root,
+        template=check_template_name(template),
         **caps,
     )
 
@@ -220,6 +230,22 @@ def check_sandbox_id(sandbox_id: str) -> str:
     if not isinstance(sandbox_id, str) or not SANDBOX_ID.fullmatch(sandbox_id):
         raise ConfigError(f"sandbox id {sandbox_id!r} is not of the form sbx-<10 hex digits>")
     return sandbox_id
+
+
+# a template's name: what create(template=...) takes and the host contract maps to a container / VMID
+TEMPLATE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
+
+
+def check_template_name(name: str) -> str:
+    """A template name as the inventory and ``create(template=...)`` spell it: 1-40 of lower-case
+    letters, digits and ``-``, starting with a letter or digit (``default`` is the host's default).
+    Whether the host has it is the manager's check (:meth:`Settings.template_names`)."""
+    if not isinstance(name, str) or not TEMPLATE_NAME.fullmatch(name):
+        raise ConfigError(
+            f"template name {name!r} must be 1-40 characters: lower-case letters, digits and '-', "
+            "starting with a letter or digit"
+        )
+    return name
 
 
 _SNAPSHOT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{1,39}")

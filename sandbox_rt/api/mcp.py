@@ -268,6 +268,7 @@ class SandboxMcp:
         tool = self.server.tool
         o = self.options
         sessions = self.sessions
+        templates = self.manager.templates()
 
         @tool(
             name="create_sandbox",
@@ -304,6 +305,10 @@ class SandboxMcp:
             root: Annotated[
                 bool, Field(description="commands may run as root (run_command user=root), e.g. apt-get")
             ] = False,
+            template: Annotated[
+                str | None,
+                Field(description=f"clone this template (one of: {', '.join(templates)}; default: default)"),
+            ] = None,
         ) -> Annotated[CallToolResult, SandboxView]:
             spec: dict[str, Any] = {
                 "cpus": cpus,
@@ -320,6 +325,7 @@ class SandboxMcp:
                 "disk_mbps": disk_mbps,
                 "disk_iops": disk_iops,
                 "root": root,
+                "template": template,
             }
             return await self._run(ctx, lambda key: self._create(key, spec), ok, o.max_output)
 

@@ -48,6 +48,7 @@ class SandboxView(BaseModel):
     labels: dict[str, str]
     expires_at: float | None = Field(description="Unix time at which the sandbox is destroyed")
     uptime_s: float | None = None
+    template: str = Field(default="default", description="the template it was cloned from")
 
 
 class SandboxBrief(BaseModel):
@@ -114,6 +115,7 @@ class SnapshotView(BaseModel):
     created_at: float
     backend: str
     size_bytes: int | None
+    template: str = Field(default="default", description="its source's template (forks are cloned from it)")
 
 
 class Destroyed(BaseModel):
@@ -135,6 +137,7 @@ def view(s: SandboxStatus) -> SandboxView:
         labels=dict(s.labels),
         expires_at=s.expires_at,
         uptime_s=s.uptime_s,
+        template=s.template,
     )
 
 

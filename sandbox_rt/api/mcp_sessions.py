@@ -116,8 +116,11 @@ class ManagerLike(Protocol):
         disk_mbps: int | None = None,
         disk_iops: int | None = None,
         root: bool = False,
+        template: str | None = None,
         from_snapshot: str | None = None,
     ) -> SandboxLike: ...
+
+    def templates(self) -> list[str]: ...
 
     def delete_snapshot(self, name: str) -> None: ...
 

@@ -40,7 +40,7 @@ from ..config import Settings
 from ..errors import BackendError, ConfigError, SandboxNotFound, SnapshotNotFound
 from ..filelock import file_lock
 from ..ipam import IpPool, mac_for_ip
-from ..models import ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
+from ..models import DEFAULT_TEMPLATE, ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
 from ..netstate import NetState, SandboxNet
 from ..network import NftInternetSet
 from ..validation import SANDBOX_ID
@@ -241,8 +241,15 @@ class LxcBackend:
     def _dir(self, sandbox_id: str) -> Path:
         return self.path / sandbox_id
 
-    def _template_dir(self) -> Path:
-        return self.path / self.settings.template
+    def _template_dir(self, template: str) -> Path:
+        """The container dir of the named template (``default``: the host contract's ``template``)."""
+        if template == DEFAULT_TEMPLATE:
+            return self.path / self.settings.template
+        try:
+            return self.path / self.settings.templates[template]
+        except KeyError:
+            known = ", ".join(self.settings.template_names())
+            raise ConfigError(f"unknown template {template!r}; this host has: {known}") from None
 
     def _config_lines(self, cdir: Path) -> builtins.list[str]:
         return (cdir / "config").read_text().splitlines()
@@ -264,8 +271,8 @@ class LxcBackend:
         lower, _, upper = rest.partition(":")
         return Path(lower), Path(upper)
 
-    def _template_rootfs(self) -> Path:
-        value = self._config_value(self._config_lines(self._template_dir()), "lxc.rootfs.path") or ""
+    def _template_rootfs(self, template: str) -> Path:
+        value = self._config_value(self._config_lines(self._template_dir(template)), "lxc.rootfs.path") or ""
         return Path(value.removeprefix("dir:"))
 
     def _id_base(self, cdir: Path) -> int:
@@ -330,16 +337,17 @@ class LxcBackend:
             raise BackendError(f"{exc.strerror or exc} ({exc.filename or self.path})", step="clone") from exc
 
     def _clone(self, sandbox_id: str, spec: SandboxSpec, delta: Path | None = None) -> SandboxRecord:
-        template = self._template_dir()
+        template = self._template_dir(spec.template)
         if not (template / "config").is_file():
             raise BackendError(
-                f"template {self.settings.template!r} not found in {self.path} (run site.yml)", step="clone"
+                f"template {spec.template!r} ({template.name}) not found in {self.path} (run site.yml)",
+                step="clone",
             )
         cdir = self._dir(sandbox_id)
         if self.settings.disk_limits:  # the delta lives in the container dir: make it a subvolume
             create_subvolume(cdir)
         self._lxc(
-            "lxc-copy", "-n", self.settings.template, "-N", sandbox_id, "-s", "-B", "overlayfs", step="clone"
+            "lxc-copy", "-n", template.name, "-N", sandbox_id, "-s", "-B", "overlayfs", step="clone"
         )
         self._limit_disk(sandbox_id, spec)
         if delta is not None:
@@ -383,7 +391,7 @@ class LxcBackend:
         ip = self.pool.allocate(in_use, commit)
         if isolated:
             self._own_ids(cdir, upper)
-        host_pub = self._seed_rootfs(cdir, hostname, ip)
+        host_pub = self._seed_rootfs(cdir, hostname, ip, spec.template)
         record = new_record(sandbox_id, spec, ip=ip, host_key=host_pub, backend=self.name)
         self._write_record(record, owner_start=process_start_time(record.owner_pid))
         # its port may send only as itself, within its bandwidth, from its first frame on
@@ -396,10 +404,10 @@ class LxcBackend:
             old, ip=ip, port=f"sbx{sandbox_id[4:]}", mac=mac_for_ip(ip), net_mbps=spec.net_mbps
         )
 
-    def _seed_rootfs(self, cdir: Path, hostname: str, ip: str) -> str:
+    def _seed_rootfs(self, cdir: Path, hostname: str, ip: str, template: str) -> str:
         """Write per-clone identity into the overlay delta: host key, machine-id, names, resolver."""
         upper = self._rootfs_dirs(cdir)[1]
-        lower = self._template_rootfs()
+        lower = self._template_rootfs(template)
         shift = self._id_base(cdir) - self.settings.idmap_base  # template ids -> this sandbox's
         # the upper dir's root is the container's "/": give it the lower root's owner and mode
         # (lxc-copy creates it under the caller's umask, e.g. 0700, which would lock out the user)
@@ -514,7 +522,8 @@ class LxcBackend:
         try:
             if isolated:  # the template's root, seen with this sandbox's ids, while LXC mounts the overlay
                 try:
-                    template, base = self._template_rootfs(), self._id_base(cdir)
+                    name = self._read_record(sandbox_id)[0].spec.template
+                    template, base = self._template_rootfs(name), self._id_base(cdir)
                     idmapped_bind(template, lower, inner=self.settings.idmap_base, outer=base)
                 except OSError as exc:
                     raise BackendError(f"cannot map the template's ids: {exc}", step="start") from exc
@@ -824,8 +833,7 @@ class LxcBackend:
         """Copy the sandbox's overlay delta (frozen meanwhile, so files are consistent) into
         ``snap-<name>/``; the runtime's record and network state are not part of it."""
         cdir = self._dir(sandbox_id)
-        if not (cdir / RECORD_FILE).is_file():
-            raise SandboxNotFound(sandbox_id)
+        source = self._read_record(sandbox_id)[0]  # SandboxNotFound without one
         final = self._snapshot_dir(name)
         if final.exists():
             raise ConfigError(f"a snapshot named {name!r} exists already (delete it first)")
@@ -848,6 +856,7 @@ class LxcBackend:
                 created_at=time.time(),
                 backend=self.name,
                 size_bytes=tree_bytes(tmp / "delta"),
+                template=source.spec.template,
             )
             (tmp / SNAPSHOT_FILE).write_text(json.dumps(dataclasses.asdict(info), sort_keys=True))
             try:
@@ -897,9 +906,12 @@ class LxcBackend:
     def clone_from_snapshot(self, sandbox_id: str, spec: SandboxSpec, name: str) -> SandboxRecord:
         sdir = self._snapshot_dir(name)
         with self._snapshot_lock(exclusive=False):
-            if not (sdir / SNAPSHOT_FILE).is_file():
+            info = self._read_snapshot(sdir)
+            if info is None:
                 raise SnapshotNotFound(name)
-            return self.clone(sandbox_id, spec, delta=sdir / "delta")
+            # the delta is a layer over its source's template: the fork is cloned from that one
+            fork = dataclasses.replace(spec, template=info.template)
+            return self.clone(sandbox_id, fork, delta=sdir / "delta")
 
     def _fill_from_snapshot(self, cdir: Path, delta: Path) -> None:
         """Copy a snapshot's delta into a fresh clone's upper dir; host keys of any type go (the

@@ -53,8 +53,8 @@ from ..errors import (
 )
 from ..filelock import file_lock
 from ..ipam import mac_for_ip
-from ..models import ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
-from ..validation import SANDBOX_ID, split_egress
+from ..models import DEFAULT_TEMPLATE, ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
+from ..validation import SANDBOX_ID, TEMPLATE_NAME, split_egress
 from . import vmids
 from .base import GcCandidate
 from .intents import CreateMarkers
@@ -71,6 +71,8 @@ EGRESS_COMMENT = "sandbox-rt egress"
 T = TypeVar("T")
 _LOCKED = re.compile(r"is locked|got timeout|can't lock file", re.I)
 _EXISTS = re.compile(r"already exists", re.I)
+# a snapshot's description ends with this and its source's template (forks are of that template)
+_TEMPLATE_NOTE = "; template "
 _CLONE_ATTEMPTS = 12  # VMIDs tried per clone (each lost race spreads the next pick wider)
 
 
@@ -87,6 +89,12 @@ def _sandbox_id_tag(tags: set[str]) -> str | None:
 def _cores(spec: SandboxSpec) -> int:
     """PVE's ``cores`` for ``spec.cpus`` (whole CPUs, at least one; ``cpulimit`` holds the fraction)."""
     return max(1, math.ceil(spec.cpus))
+
+
+def _snapshot_template(description: str) -> str:
+    """The template named at the end of a snapshot's description (older snapshots: ``default``)."""
+    _, sep, name = description.rstrip().rpartition(_TEMPLATE_NOTE)
+    return name if sep and TEMPLATE_NAME.fullmatch(name) else DEFAULT_TEMPLATE
 
 
 def _tags(raw: Any) -> set[str]:
@@ -106,7 +114,7 @@ class ProxmoxBackend:
         self.intents = self.state_dir / "creating"
         self.markers = CreateMarkers(self.intents)
         self.task_timeout_s = settings.pve_task_timeout_s
-        self._template_node: str | None = None
+        self._template_nodes: dict[int, str] = {}  # template VMID -> its node
 
     # -- connection ------------------------------------------------------------------------------
     @staticmethod
@@ -259,20 +267,29 @@ class ProxmoxBackend:
                         return where
         return hits[0]
 
-    def _template_location(self) -> str:
+    def _template_vmid(self, template: str) -> int:
+        """The VMID of the named template (``default``: the host contract's ``pve_template_vmid``)."""
+        if template == DEFAULT_TEMPLATE:
+            return self.settings.pve_template_vmid
+        try:
+            return self.settings.pve_templates[template]
+        except KeyError:
+            known = ", ".join(self.settings.template_names())
+            raise ConfigError(f"unknown template {template!r}; this host has: {known}") from None
+
+    def _template_location(self, vmid: int) -> str:
         if self.settings.pve_node:
             return self.settings.pve_node
-        if self._template_node is None:
-            vmid = self.settings.pve_template_vmid
+        if vmid not in self._template_nodes:
             for r in self._resources():
                 if int(r["vmid"]) == vmid:
-                    self._template_node = str(r["node"])
+                    self._template_nodes[vmid] = str(r["node"])
                     break
             else:
                 raise BackendError(
                     f"template CT {vmid} not found (or the token may not audit it)", step="clone"
                 )
-        return self._template_node
+        return self._template_nodes[vmid]
 
     # -- addresses -------------------------------------------------------------------------------
     def _addresses_in_use(self) -> set[str]:
@@ -333,15 +350,11 @@ class ProxmoxBackend:
         that CT's snapshot (PVE clones a CT that is not a template only in full)."""
         self._check_egress(spec.egress)  # before anything is made
         self._check_firewall_gate()
-        if snapshot is None:
-            node = self._template_location()
-            template = self._ct(node, self.settings.pve_template_vmid)
-        else:
-            node = snapshot[0]
-            template = self._ct(node, snapshot[1])
+        template_vmid = snapshot[1] if snapshot else self._template_vmid(spec.template)
+        node = snapshot[0] if snapshot else self._template_location(template_vmid)
+        template = self._ct(node, template_vmid)
         draft = new_record(sandbox_id, spec, ip="", host_key="", backend=self.name)
         hostname = draft.hostname
-        template_vmid = snapshot[1] if snapshot else self.settings.pve_template_vmid
 
         def request_clone(collisions: int) -> tuple[int, Any]:
             # this process's callers take turns from nextid to the accepted request; a locked
@@ -733,11 +746,14 @@ class ProxmoxBackend:
     def list_snapshots(self) -> builtins.list[SnapshotInfo]:
         return sorted(
             (
-                SnapshotInfo(str(e["name"]), sid, float(e.get("snaptime") or 0), self.name)
+                SnapshotInfo(
+                    str(e["name"]), sid, float(e.get("snaptime") or 0), self.name,
+                    template=_snapshot_template(str(e.get("description", ""))),
+                )
                 for _node, _vmid, sid, e in self._snapshots()
             ),
             key=lambda info: info.name,
-        )
+        )  # fmt: skip
 
     def _find_snapshot(self, name: str) -> tuple[str, int, str]:
         for node, vmid, sid, entry in self._snapshots():
@@ -747,16 +763,20 @@ class ProxmoxBackend:
 
     def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
         node, vmid = self._find(sandbox_id)
+        template = self.get(sandbox_id).spec.template
+        note = f"sandbox-rt snapshot of {sandbox_id}{_TEMPLATE_NOTE}{template}"
         with self._snapshot_lock():
             if any(e["name"] == name for *_where, e in self._snapshots()):
                 raise ConfigError(f"a snapshot named {name!r} exists already (delete it first)")
             ct = self._ct(node, vmid)
             upid = self._retrying(
                 "snapshot",
-                lambda: ct.snapshot.post(snapname=name, description=f"sandbox-rt snapshot of {sandbox_id}"),
+                lambda: ct.snapshot.post(snapname=name, description=note),
             )
             self._wait(str(upid), "snapshot")
-        return SnapshotInfo(name=name, source_id=sandbox_id, created_at=time.time(), backend=self.name)
+        return SnapshotInfo(
+            name=name, source_id=sandbox_id, created_at=time.time(), backend=self.name, template=template
+        )
 
     def delete_snapshot(self, name: str) -> bool:
         try:
@@ -769,7 +789,8 @@ class ProxmoxBackend:
         return True
 
     def clone_from_snapshot(self, sandbox_id: str, spec: SandboxSpec, name: str) -> SandboxRecord:
-        node, vmid, _sid = self._find_snapshot(name)  # SnapshotNotFound before anything is made
+        node, vmid, sid = self._find_snapshot(name)  # SnapshotNotFound before anything is made
+        spec = dataclasses.replace(spec, template=self.get(sid).spec.template)  # the fork's, for its record
         return self._clone_from(sandbox_id, spec, (node, vmid, name))
 
     def _drop_cloned_rules(self, node: str, vmid: int) -> None:

@@ -52,12 +52,15 @@ def new_record(sandbox_id: str, spec: SandboxSpec, *, ip: str, host_key: str, ba
 
 def updated_record(record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
     """``record`` given a new spec (a warm sandbox handed out, a TTL extended): the spec's name or
-    the old one, the expiry counted from now; ``root`` stays what the sandbox was made with."""
+    the old one, the expiry counted from now; ``root`` and ``template`` stay what the sandbox was
+    made with."""
     hostname = spec.hostname or record.hostname
     ttl = spec.ttl_s
     return dataclasses.replace(
         record,
         hostname=hostname,
-        spec=dataclasses.replace(spec, hostname=hostname, root=record.spec.root),
+        spec=dataclasses.replace(
+            spec, hostname=hostname, root=record.spec.root, template=record.spec.template
+        ),
         expires_at=time.time() + ttl if ttl else None,
     )

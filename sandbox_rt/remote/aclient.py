@@ -134,6 +134,7 @@ class AsyncClient:
         disk_mbps: int | None = None,
         disk_iops: int | None = None,
         root: bool = False,
+        template: str | None = None,
     ) -> Pending[AsyncRemoteSandbox]:
         """``await client.create(...)``, or ``async with client.create(...) as sb`` to have it
         destroyed at the end of the block (arguments as :meth:`remote.Client.create`)."""
@@ -153,6 +154,7 @@ class AsyncClient:
             disk_mbps=disk_mbps,
             disk_iops=disk_iops,
             root=root,
+            template=template,
         )
 
         async def make() -> AsyncRemoteSandbox:
@@ -171,6 +173,10 @@ class AsyncClient:
 
     async def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxRecord]:
         return await self._send(calls.list_sandboxes(labels))
+
+    async def templates(self) -> builtins.list[str]:
+        """The template names ``create(template=...)`` takes on the server's host (``default`` first)."""
+        return await self._send(calls.templates())
 
     async def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
         return await self._send(calls.snapshot(sandbox_id, name))

@@ -17,8 +17,16 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ..errors import BackendError, ConfigError
-from ..models import ExecResult, ResourceUsage, SandboxRecord, SandboxSpec, SandboxStatus, SnapshotInfo
-from ..validation import MAX_EGRESS_ENTRIES, check_sandbox_id
+from ..models import (
+    DEFAULT_TEMPLATE,
+    ExecResult,
+    ResourceUsage,
+    SandboxRecord,
+    SandboxSpec,
+    SandboxStatus,
+    SnapshotInfo,
+)
+from ..validation import MAX_EGRESS_ENTRIES, TEMPLATE_NAME, check_sandbox_id
 
 __all__ = [
     "bad_answer",
@@ -30,6 +38,7 @@ __all__ = [
     "parse_record",
     "parse_snapshot",
     "parse_status",
+    "parse_templates",
     "parse_usage",
     "parse_written",
 ]
@@ -44,6 +53,7 @@ LIST_ANSWER_BYTES = 64 << 20
 MAX_TEXT = 1 << 20
 MAX_MESSAGE = 8 << 10
 MAX_LIST_ENTRIES = 100_000
+MAX_TEMPLATES = 1024  # names in a template list (a host contract holds a handful)
 
 _LABEL_KEY = re.compile(r"[A-Za-z0-9_.\-/]{1,63}")
 
@@ -193,7 +203,26 @@ def parse_status(value: Any, expect_id: str | None = None) -> SandboxStatus:
     for cap in ("net_mbps", "disk_mbps", "disk_iops"):  # caps: present on servers that have them
         if cap in _STATUS_FIELDS and cap in data:
             kwargs[cap] = read_int(data[cap], f"status.{cap}")
+    if "template" in data:  # newer servers
+        kwargs["template"] = read_template(data["template"], "status.template")
     return SandboxStatus(**kwargs)
+
+
+def read_template(value: Any, what: str) -> str:
+    """A template name as the server reports it (the pattern create() takes)."""
+    name = read_str(value, what, 40)
+    if not TEMPLATE_NAME.fullmatch(name):
+        raise bad_answer(f"{what} is not a template name")
+    return name
+
+
+def parse_templates(value: Any) -> list[str]:
+    """``GET /v1/templates``: the names create() may use (``default`` first)."""
+    data = read_object(value, "the template list")
+    items = read_member(data, "templates", "the template list")
+    if not isinstance(items, list) or len(items) > MAX_TEMPLATES:
+        raise bad_answer(f"the template list is not an array of at most {MAX_TEMPLATES} names")
+    return [read_template(item, "templates[]") for item in items]
 
 
 def parse_record(value: Any) -> SandboxRecord:
@@ -211,6 +240,9 @@ def parse_record(value: Any) -> SandboxRecord:
         pids_max=read_int(get("pids_max"), "sandbox.pids_max"),
         labels=read_labels(get("labels"), "sandbox.labels"),
         root=read_bool(data["root"], "sandbox.root") if "root" in data else False,  # newer servers
+        template=(
+            read_template(data["template"], "sandbox.template") if "template" in data else DEFAULT_TEMPLATE
+        ),
     )
     return SandboxRecord(
         id=read_sandbox_id(get("id"), "sandbox.id"),
@@ -276,6 +308,9 @@ def parse_snapshot(value: Any, name: str, source_id: str) -> SnapshotInfo:
         created_at=read_num(get("created_at"), "snapshot.created_at"),
         backend=read_str(get("backend"), "snapshot.backend", 32),
         size_bytes=read_opt(read_int, data.get("size_bytes"), "snapshot.size_bytes"),
+        template=(
+            read_template(data["template"], "snapshot.template") if "template" in data else DEFAULT_TEMPLATE
+        ),
     )
 
 

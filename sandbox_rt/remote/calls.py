@@ -60,6 +60,7 @@ def create(
     disk_mbps: int | None = None,
     disk_iops: int | None = None,
     root: bool | None = None,
+    template: str | None = None,
 ) -> Call[SandboxStatus]:
     """``POST /v1/sandboxes``; fields left None take the server's defaults."""
     if egress is not None and (isinstance(egress, str | bytes) or not isinstance(egress, Sequence)):
@@ -82,6 +83,7 @@ def create(
         "disk_mbps": disk_mbps,
         "disk_iops": disk_iops,
         "root": root or None,  # sent only when asked for (servers without it answer 400 otherwise)
+        "template": template,
     }
     body = {k: v for k, v in fields.items() if v is not None}
     return Call(
@@ -91,6 +93,17 @@ def create(
         lambda raw: answers.parse_status(answers.decode_json(raw, "the create answer")),
         ErrorContext(snapshot=from_snapshot),
         json=body,
+    )
+
+
+def templates() -> Call[builtins.list[str]]:
+    """``GET /v1/templates``: the template names create() takes."""
+    return Call(
+        "GET",
+        "/v1/templates",
+        200,
+        lambda raw: answers.parse_templates(answers.decode_json(raw, "the template list")),
+        ErrorContext(),
     )
 
 

@@ -140,6 +140,7 @@ class Client:
         disk_mbps: int | None = None,
         disk_iops: int | None = None,
         root: bool = False,
+        template: str | None = None,
     ) -> RemoteSandbox:
         """A new sandbox (all or nothing, on the server). ``ttl_s`` None: the server's default;
         ``detached`` None: the API's default (true: it lives by its TTL, not by the server process)."""
@@ -160,6 +161,7 @@ class Client:
                 disk_mbps=disk_mbps,
                 disk_iops=disk_iops,
                 root=root,
+                template=template,
             )
         )
         return RemoteSandbox(self, status)
@@ -178,6 +180,10 @@ class Client:
     def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxRecord]:
         """The server's sandboxes carrying all of ``labels`` (records without host key or owner)."""
         return self._send(calls.list_sandboxes(labels))
+
+    def templates(self) -> builtins.list[str]:
+        """The template names ``create(template=...)`` takes on the server's host (``default`` first)."""
+        return self._send(calls.templates())
 
     def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
         return self._send(calls.snapshot(sandbox_id, name))

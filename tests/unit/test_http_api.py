@@ -207,6 +207,9 @@ class FakeManager:
         self.handed.append(sb)
         return sb
 
+    def templates(self) -> list[str]:
+        return ["default", "base"]
+
     def attach(self, sandbox_id: str) -> FakeSandbox:
         if not sandbox_id.startswith("sbx-"):
             raise ConfigError(f"sandbox id {sandbox_id!r} is not of the form sbx-<10 hex digits>")
@@ -594,6 +597,20 @@ def test_exec_validation_names_the_field(
     sid = make_box(api)
     r = api("POST", f"/v1/sandboxes/{sid}/exec", json=body)
     assert r.status_code == 400 and needle in error_of(r)["message"], r.text
+
+
+def test_templates_are_listed_and_create_takes_one(
+    api: Callable[..., requests.Response], mgr: FakeManager
+) -> None:
+    r = api("GET", "/v1/templates")
+    assert r.status_code == 200 and r.json() == {"templates": ["default", "base"]}
+    assert api("POST", "/v1/sandboxes", json={"template": "base"}).status_code == 201
+    assert mgr.created[-1] == {"template": "base", "detached": True}
+    r = api("POST", "/v1/sandboxes", json={"template": 3})
+    assert r.status_code == 400 and "template" in error_of(r)["message"]
+    mgr.fail["create"] = ConfigError("unknown template 'nope'; this host has: default, base")
+    r = api("POST", "/v1/sandboxes", json={"template": "nope"})
+    assert r.status_code == 400 and "default, base" in error_of(r)["message"]
 
 
 def test_root_on_request_passes_through(api: Callable[..., requests.Response], mgr: FakeManager) -> None:

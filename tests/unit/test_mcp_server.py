@@ -175,6 +175,9 @@ class FakeManager:
         box = FakeBox(self, kwargs)
         return _Handle(box)
 
+    def templates(self) -> list[str]:
+        return ["default", "python-data"]
+
     def delete_snapshot(self, name: str) -> None:
         if name not in self.snapshots:
             raise SnapshotNotFound(name)

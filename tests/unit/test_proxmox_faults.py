@@ -15,52 +15,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proxmoxer.tools import Tasks
+from pve_fixtures import TEMPLATE, pve_server, pve_settings
 
 from pve_testserver import PVETestServer
-from sandbox_rt import BackendError, Settings
+from sandbox_rt import BackendError
 from sandbox_rt.backends import vmids
 from sandbox_rt.backends.proxmox import ProxmoxBackend
 from sandbox_rt.models import SandboxSpec
 
-NODE = "pve"
-TEMPLATE = 9000
 TIMEOUT = 1.0
 
 
 @pytest.fixture
 def server() -> Iterator[PVETestServer]:
-    with PVETestServer() as srv:
-        root = srv.client()
-        root.pools.post(poolid="sandbox-pool")
-        root.cluster.firewall.options.put(enable=1)  # as the node play leaves it (else: FirewallDisabled)
-        upid = root.nodes(NODE).lxc.post(
-            vmid=TEMPLATE,
-            ostemplate="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
-            storage="local-lvm",
-            pool="sandbox-pool",
-            net0="name=eth0,bridge=vmbr1,ip=dhcp",
-        )
-        assert Tasks.blocking_status(root, upid, timeout=10, polling_interval=0.02)["exitstatus"] == "OK"
-        root.nodes(NODE).lxc(TEMPLATE).template.post()
+    with pve_server() as srv:
         yield srv
         srv.faults.clear()
 
 
 @pytest.fixture
 def backend(server: PVETestServer, tmp_path: Path) -> ProxmoxBackend:
-    tokenid, secret = server.root_token
-    settings = Settings(
-        backend="proxmox",
-        pve_url=f"https://{server.host}:{server.port}",
-        pve_token_id=tokenid,
-        pve_token_secret=secret,
-        pve_verify=str(server.ca_file),
-        pve_template_vmid=TEMPLATE,
-        pve_task_timeout_s=TIMEOUT,
-        state_dir=tmp_path,
-    )
-    return ProxmoxBackend(settings)
+    return ProxmoxBackend(pve_settings(server, tmp_path, pve_task_timeout_s=TIMEOUT))
 
 
 def _cts(server: PVETestServer) -> set[str]:

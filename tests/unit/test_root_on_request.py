@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proxmoxer.tools import Tasks
+from pve_fixtures import TEMPLATE, pve_server, pve_settings
 from test_manager_cleanup import PUB, FakeBackend
 
-from pve_testserver import PVETestServer
 from pve_testserver.ctconfig import env_lines
-from sandbox_rt import ConfigError, Settings
+from sandbox_rt import ConfigError
 from sandbox_rt.backends.proxmox import ProxmoxBackend
 from sandbox_rt.backends.records import ROOT_ENV, spec_from_json, spec_to_json
 from sandbox_rt.cli import _parser
@@ -145,38 +144,12 @@ def test_the_pve_env_option_reaches_pid_1s_environment() -> None:
 
 
 # -- the proxmox backend sets (and on a fork clears) the CT's env ------------------------------------
-TEMPLATE = 9000
 
 
 @pytest.fixture
 def pve_backend(tmp_path: Path) -> Any:
-    with PVETestServer() as srv:
-        root = srv.client()
-        root.pools.post(poolid="sandbox-pool")
-        root.cluster.firewall.options.put(enable=1)
-        upid = root.nodes("pve").lxc.post(
-            vmid=TEMPLATE,
-            ostemplate="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
-            storage="local-lvm",
-            pool="sandbox-pool",
-            net0="name=eth0,bridge=vmbr1,ip=dhcp",
-        )
-        assert (
-            Tasks.blocking_status(root, upid, timeout=10, polling_interval=0.02)["exitstatus"]
-            == "OK"
-        )
-        root.nodes("pve").lxc(TEMPLATE).template.post()
-        tokenid, secret = srv.root_token
-        settings = Settings(
-            backend="proxmox",
-            pve_url=f"https://{srv.host}:{srv.port}",
-            pve_token_id=tokenid,
-            pve_token_secret=secret,
-            pve_verify=str(srv.ca_file),
-            pve_template_vmid=TEMPLATE,
-            state_dir=tmp_path,
-        )
-        yield ProxmoxBackend(settings), root
+    with pve_server(TEMPLATE) as srv:
+        yield ProxmoxBackend(pve_settings(srv, tmp_path)), srv.client()
 
 
 def _ct_config(backend: ProxmoxBackend, api: Any, sandbox_id: str) -> dict[str, Any]:
