@@ -119,9 +119,13 @@ class LxcEngine:
         template: str = DEFAULT_TEMPLATE,
         prefix: str = "pve-",
         timeout: float = 60.0,
+        templates: dict[int, str] | None = None,
     ) -> None:
         self.lxc_path = lxc_path
         self.template = template
+        # clones of these CT templates (VMID -> LXC template) copy that LXC template, not ``template``:
+        # named templates (issue 17), each a CT template of its own as on a real PVE
+        self.templates = dict(templates or {})
         self.prefix = prefix
         self.timeout = timeout
         self._cgroup = cgroup_version()
@@ -167,6 +171,9 @@ class LxcEngine:
         return None
 
     def create(self, vmid: int, config: CTConfig, ostemplate: str = "", ssh_public_keys: str = "") -> None:
+        self._copy(self.template, vmid, config)
+
+    def _copy(self, template: str, vmid: int, config: CTConfig) -> None:
         if self._config_path(vmid).exists():
             raise EngineError(f"LXC container {self.ct_name(vmid)} already exists")
         self._run(
@@ -175,7 +182,7 @@ class LxcEngine:
                 "-P",
                 str(self.lxc_path),
                 "-n",
-                self.template,
+                template,
                 "-N",
                 self.ct_name(vmid),
                 "-s",
@@ -186,7 +193,7 @@ class LxcEngine:
         self.apply_config(vmid, config)
 
     def clone(self, source_vmid: int, vmid: int, config: CTConfig) -> None:
-        self.create(vmid, config)
+        self._copy(self.templates.get(source_vmid, self.template), vmid, config)
 
     def apply_config(self, vmid: int, config: CTConfig) -> None:
         path = self._config_path(vmid)
@@ -315,7 +322,9 @@ class LxcEngine:
         delta = self._snapshots_dir(source_vmid) / snapname / "delta"
         if not delta.is_dir():
             raise EngineError(f"no snapshot {snapname!r} of CT {source_vmid}")
-        self.create(vmid, config)
+        # a full clone copies the source's whole disk: here its delta over the source's own template
+        lower = self._overlay_dirs(source_vmid)[0]
+        self._copy(lower.parent.name if lower.parent.parent == self.lxc_path else self.template, vmid, config)
         upper = self._overlay_dirs(vmid)[1]
         self._run(["cp", "-a", "--no-target-directory", "--", str(delta), str(upper)])
         ssh = upper / "etc" / "ssh"

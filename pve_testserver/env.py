@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -53,9 +53,10 @@ def grant_runtime_access(
     template_privileges: list[str] | None = None,
     audit_privileges: list[str] | None = None,
     suffix: str = "",
+    template_vmids: Sequence[int] = (TEMPLATE_VMID,),
 ) -> None:
     """The runtime's roles and ACLs as the proxmox_access role makes them: ``role`` on the pool, the
-    storage and the bridge; a read/clone-only role on the template (outside the pool); Sys.Audit on
+    storage and the bridge; a read/clone-only role on each template (outside the pool); Sys.Audit on
     "/" itself (not propagated). For user and token (a privsep token gets the intersection)."""
     roles = [(role, privileges), (TEMPLATE_ROLE + suffix, template_privileges or TEMPLATE_PRIVILEGES)]
     roles.append((AUDIT_ROLE + suffix, audit_privileges or AUDIT_PRIVILEGES))
@@ -65,7 +66,8 @@ def grant_runtime_access(
             root.access.roles.post(roleid=roleid, privs=",".join(privs))
     pool_paths = (f"/pool/{POOL}", "/storage/local-lvm", f"/sdn/zones/localnetwork/{bridge}")
     grants = [(path, role, 1) for path in pool_paths]
-    grants += [(f"/vms/{TEMPLATE_VMID}", TEMPLATE_ROLE + suffix, 0), ("/", AUDIT_ROLE + suffix, 0)]
+    grants += [(f"/vms/{vmid}", TEMPLATE_ROLE + suffix, 0) for vmid in template_vmids]
+    grants.append(("/", AUDIT_ROLE + suffix, 0))
     for path, roleid, propagate in grants:
         root.access.acl.put(path=path, roles=roleid, users=user, propagate=propagate)
         root.access.acl.put(path=path, roles=roleid, tokens=tokenid, propagate=propagate)
@@ -93,7 +95,15 @@ def pve_test_server(
     # Several test sessions may share this machine's LXC path and bridge: each gets its own
     # container names (engine prefix) and VMID range (VMIDs name veths and pick addresses).
     session = secrets.randbelow(50)
-    engine = LxcEngine(base.lxc_path, base.template, prefix=engine_prefix or f"pve{session:02d}-")
+    # each named template of the host (base.templates) is a CT template of its own, VMIDs after the
+    # default's, whose clones copy that LXC template
+    named = {name: TEMPLATE_VMID + 1 + i for i, name in enumerate(sorted(base.templates))}
+    engine = LxcEngine(
+        base.lxc_path,
+        base.template,
+        prefix=engine_prefix or f"pve{session:02d}-",
+        templates={vmid: base.templates[name] for name, vmid in named.items()},
+    )
     srv = PVETestServer(engine=engine, first_vmid=10_000 + 1000 * session).start()
     made: list[int] = []
     try:
@@ -101,21 +111,23 @@ def pve_test_server(
         root.pools.post(poolid=POOL)
         root.access.users.post(userid=USER)
         token = root.access.users(USER).token(TOKEN).post(privsep=1)
-        grant_runtime_access(root, USER, f"{USER}!{TOKEN}", base.bridge, PRIVILEGES)
+        templates = (TEMPLATE_VMID, *named.values())
+        grant_runtime_access(root, USER, f"{USER}!{TOKEN}", base.bridge, PRIVILEGES, template_vmids=templates)
         root.cluster.firewall.options.put(enable=1)  # else no CT firewall applies (the runtime refuses)
-        made.append(TEMPLATE_VMID)
-        _wait(
-            root,
-            root.nodes(NODE).lxc.post(  # outside the pool: the token must not be able to change it
-                vmid=TEMPLATE_VMID,
-                ostemplate="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
-                storage="local-lvm",
-                unprivileged=1,
-                swap=0,
-                net0=f"name=eth0,bridge={base.bridge},ip=dhcp",
-            ),
-        )
-        root.nodes(NODE).lxc(TEMPLATE_VMID).template.post()
+        for vmid in (TEMPLATE_VMID, *named.values()):
+            made.append(vmid)
+            _wait(
+                root,
+                root.nodes(NODE).lxc.post(  # outside the pool: the token must not be able to change it
+                    vmid=vmid,
+                    ostemplate="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
+                    storage="local-lvm",
+                    unprivileged=1,
+                    swap=0,
+                    net0=f"name=eth0,bridge={base.bridge},ip=dhcp",
+                ),
+            )
+            root.nodes(NODE).lxc(vmid).template.post()
         settings = dataclasses.replace(
             base,
             backend="proxmox",
@@ -124,6 +136,7 @@ def pve_test_server(
             pve_token_secret=str(token["value"]),
             pve_verify=str(srv.ca_file),
             pve_template_vmid=TEMPLATE_VMID,
+            pve_templates=named,
             pve_pool=POOL,
             state_dir=state_dir,
         )

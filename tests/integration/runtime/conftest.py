@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import tempfile
 import uuid
@@ -48,7 +49,8 @@ def settings_environ(settings: Settings) -> dict[str, str]:
     """These settings as SANDBOX_RT_* variables (what Manager.from_env() reads in another process)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_RT_")}
     for field in dataclasses.fields(settings):
-        env[f"SANDBOX_RT_{field.name.upper()}"] = str(getattr(settings, field.name))
+        value = getattr(settings, field.name)
+        env[f"SANDBOX_RT_{field.name.upper()}"] = json.dumps(value) if isinstance(value, dict) else str(value)
     return env
 
 
