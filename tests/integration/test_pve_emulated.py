@@ -38,6 +38,7 @@ WAN_WEB = "198.18.0.80"  # a "public" web server in the node's wan netns (not a 
 WAN_NAME = "example.test"
 SERVER = REPO / "tests" / "hardening" / "netns_server.py"
 TEMPLATE_VMID = 9000
+NAMED_VMID = 9001  # the inventory's named template "base" (inventories/pve_emulated)
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +148,22 @@ def test_site_yml_builds_network_access_and_template(node: PVENode, first_run: P
     )
 
 
+def test_site_yml_builds_the_named_template(node: PVENode, first_run: PlaybookRun) -> None:
+    """template_build_templates: a CT template of its own (lean, hardened like the default, confined
+    by the same raw keys), outside the pool, clone-only for the runtime, in the host contract."""
+    root = api(node)
+    conf = root.nodes(node.spec.name).lxc(NAMED_VMID).config.get()  # type: ignore[attr-defined]
+    default = root.nodes(node.spec.name).lxc(TEMPLATE_VMID).config.get()  # type: ignore[attr-defined]
+    assert conf.get("template") == 1 and conf["hostname"] == f"{default['hostname']}-base"
+    assert conf["lxc"] == default["lxc"]  # the same kernel confinement
+    pool = root.pools("sandbox-pool").get()  # type: ignore[attr-defined]
+    assert NAMED_VMID not in {m.get("vmid") for m in pool["members"]}
+    acl = {(a["path"], a["roleid"], a["type"]) for a in root.access.acl.get()}  # type: ignore[attr-defined]
+    assert {(f"/vms/{NAMED_VMID}", "SandboxTemplateClone", t) for t in ("user", "token")} <= acl
+    contract = json.loads((node.spec.home / "controller" / "host.json").read_text())
+    assert contract["pve_templates"] == {"base": NAMED_VMID}
+
+
 def test_second_run_changes_nothing_and_check_is_clean(node: PVENode, first_run: PlaybookRun) -> None:
     second = run_site(node)
     assert second.returncode == 0 and second.total("changed") == 0, second.tail(80)
@@ -180,6 +197,24 @@ def test_manager_from_env_makes_nested_unprivileged_sandboxes_on_the_node(
     assert after == before  # destroy left no container
     assert "jump ct" not in in_node(node, "nft", "list", "table", "inet", "pve-firewall-emu")
     assert not list((node.spec.home / "controller" / "state" / "proxmox" / "creating").glob("*.json"))
+
+
+def test_a_sandbox_of_the_named_template_on_the_node(node: PVENode, manager: Manager) -> None:
+    assert manager.templates() == ["default", "base"]
+    with manager.create(labels=LABELS, memory_mb=256, template="base") as sb, manager.create(
+        labels=LABELS, memory_mb=256
+    ) as plain:
+        assert sb.status().template == "base"
+        assert sb.exec("command -v gcc").exit_code == 1 and plain.exec("command -v gcc").exit_code == 0
+        out = sb.exec("id -u; grep -E '^(NoNewPrivs|Seccomp):' /proc/1/status | cut -f2").stdout.decode()
+        assert out.split() == ["1000", "1", "2"]  # the sandbox user, PID 1 confined as in the default
+        vmid = next(
+            r["vmid"]
+            for r in api(node).cluster.resources.get(type="vm")  # type: ignore[attr-defined]
+            if sb.id in str(r.get("tags")).split(";")
+        )
+        lower = in_node(node, "grep", "^lxc.rootfs.path", f"/var/lib/lxc/{vmid}/config")
+        assert f"/{NAMED_VMID}/" in lower, lower  # a linked clone of CT 9001
 
 
 def test_internet_toggle_is_the_ct_firewall(node: PVENode, manager: Manager, wan: None) -> None:
