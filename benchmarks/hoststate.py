@@ -17,7 +17,7 @@ import os
 import time
 
 from sandbox_rt import Settings
-from sandbox_rt.network import NftInternetSet
+from sandbox_rt.backends.lxc.nft import NftInternetSet
 
 from .raw import RAW_PREFIX
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import sandbox_rt
-from sandbox_rt.backends.fstree import rewrite_file_beneath
+from sandbox_rt.backends.lxc.fstree import rewrite_file_beneath
 
 from .context import Bench
 from .stats import compare, summary, throughput

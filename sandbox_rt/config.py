@@ -52,7 +52,7 @@ class Settings:
     dnsmasq_conf: Path = Path("/etc/sandbox_rt/dnsmasq.conf")
     dnsmasq_pidfile: Path = Path("/run/sandbox_rt/dnsmasq.pid")
     # each sandbox whose egress list has names gets its own resolver (dnsmasq) on dns_server, one port
-    # of this range each (the sandbox's DNS is DNATed to it; see sandbox_rt/egress_dns.py)
+    # of this range each (the sandbox's DNS is DNATed to it; see sandbox_rt/backends/lxc/egress_dns.py)
     egress_dns_port_min: int = 20000
     egress_dns_port_max: int = 21999
     idmap_base: int = 100000

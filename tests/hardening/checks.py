@@ -30,8 +30,8 @@ from testinfra.host import Host
 
 import sandbox_rt
 from pve_testserver.schema import BUNDLED_SCHEMA_PATH
-from sandbox_rt.backends.idmap import idmap_base_for
-from sandbox_rt.network import NftInternetSet
+from sandbox_rt.backends.lxc.idmap import idmap_base_for
+from sandbox_rt.backends.lxc.nft import NftInternetSet
 
 from . import seccomp_filter
 from .hosts import pinned_client

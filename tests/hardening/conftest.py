@@ -26,7 +26,7 @@ from testinfra.host import Host
 
 import sandbox_rt
 from sandbox_rt import Manager, Settings
-from sandbox_rt.network import NftInternetSet
+from sandbox_rt.backends.lxc.nft import NftInternetSet
 from tests.pve_node.provisioning import ProvisionedNode, admin_api
 
 from . import hosts, sites

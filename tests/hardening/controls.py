@@ -68,7 +68,10 @@ SEED_CHECKLIST: dict[str, str] = {
 
 _NFT = "roles/sandbox_network/templates/nftables.nft.j2"
 _LXC_CONF = "roles/template_build/templates/lxc.conf.j2"
-_LXC_BACKEND = "sandbox_rt/backends/lxc.py"
+_LXC = "sandbox_rt/backends/lxc/"
+_LXC_BACKEND = _LXC + "backend.py"
+_LXC_IDENTITY = "sandbox_rt/backends/lxc/identity.py"
+_LXC_CGROUPS = "sandbox_rt/backends/lxc/cgroups.py"
 _SECCOMP = "roles/template_build/files/sandbox.seccomp"
 _PVE_RAW = "roles/template_build/tasks/proxmox_confine.yml (PVE: raw lxc.* keys)"
 
@@ -122,7 +125,7 @@ CONTROLS: tuple[Control, ...] = (
     _c("SBX-SSH-05", "one per-clone ed25519 host key, pinned",
        "`sshd -T` lists only the ed25519 key; the key served is the one the runtime pinned; "
        "an unknown key is rejected",
-       (), "roles/sandbox_template/templates/sshd_config.j2", _LXC_BACKEND + " (_seed_rootfs)",
+       (), "roles/sandbox_template/templates/sshd_config.j2", _LXC_IDENTITY + " (seed_identity)",
        "sandbox_rt/ssh/executor.py"),
     _c("SBX-SSH-06", "sshd session and auth limits",
        "`sshd -T`: maxsessions, maxstartups, maxauthtries, logingracetime as the role defaults, usedns no",
@@ -145,16 +148,16 @@ CONTROLS: tuple[Control, ...] = (
        (), "roles/sandbox_template/tasks/services.yml", "roles/sandbox_template/templates/sandbox-init.j2"),
     _c("SBX-ID-01", "no template host keys reused",
        "no host key in the template; two clones serve different host keys",
-       (), "roles/sandbox_template/tasks/identity.yml", _LXC_BACKEND + " (_seed_rootfs)"),
+       (), "roles/sandbox_template/tasks/identity.yml", _LXC_IDENTITY + " (seed_identity)"),
     _c("SBX-ID-02", "own machine-id per clone",
        "the template's machine-id is empty; two clones have different machine-ids",
-       (), "roles/sandbox_template/tasks/identity.yml", _LXC_BACKEND + " (_seed_rootfs)"),
+       (), "roles/sandbox_template/tasks/identity.yml", _LXC_IDENTITY + " (seed_identity)"),
     _c("SBX-ID-03", "own host name per clone",
        "`hostname` is the sandbox's name and /etc/hosts maps it; the template keeps a baseline",
-       (), "roles/sandbox_template/tasks/identity.yml", _LXC_BACKEND + " (_seed_rootfs)"),
+       (), "roles/sandbox_template/tasks/identity.yml", _LXC_IDENTITY + " (seed_identity)"),
     _c("SBX-ID-04", "the only resolver is the host's dnsmasq",
        "/etc/resolv.conf names only the bridge address (template and clone)",
-       (), "roles/sandbox_template/tasks/identity.yml", _LXC_BACKEND + " (_seed_rootfs)"),
+       (), "roles/sandbox_template/tasks/identity.yml", _LXC_IDENTITY + " (seed_identity)"),
     _c("SBX-INIT-01", "PID 1 is tini running sshd",
        "PID 1 is `tini -- sshd -D -e`; /sbin/sandbox-init is root's, 0755, not writable by the user",
        (), "roles/sandbox_template/tasks/init.yml", "roles/sandbox_template/templates/sandbox-init.j2",
@@ -177,7 +180,7 @@ CONTROLS: tuple[Control, ...] = (
        ("7.net.deny", "7.fn.noinet", "3.4.http"), _NFT + " (forward)", "sandbox_rt/manager.py (create)"),
     _c("SBX-NET-05", "the internet toggle works both ways",
        "set_internet(True): HTTP by name works; False: blocked again and an open connection dies",
-       ("7.net.http", "7.fn.inet"), "sandbox_rt/network.py", _LXC_BACKEND + " (set_internet: conntrack -D)",
+       ("7.net.http", "7.fn.inet"), _LXC + "nft.py", _LXC_BACKEND + " (set_internet: conntrack -D)",
        _NFT + " (forward, postrouting)"),
     _c("SBX-NET-06", "with internet only the allowed TCP ports",
        "with internet, wan TCP 80/443 open, other wan ports (8080, 22) blocked",
@@ -221,36 +224,36 @@ CONTROLS: tuple[Control, ...] = (
        "with internet off and egress=[name, address], the sandbox reaches the name's address (resolved by "
        "its own resolver into its own set) and the address on allowed ports, nothing else; another "
        "sandbox gains nothing; only the host resolver answers; set_egress([]) closes it",
-       (), _NFT + " (egress_sources, dns_resolvers)", "sandbox_rt/netstate.py", "sandbox_rt/egress_dns.py"),
+       (), _NFT + " (egress_sources, dns_resolvers)", _LXC + "netstate.py", _LXC + "egress_dns.py"),
     _c("SBX-NET-17", "a firewall reload or DNS restart keeps every sandbox's state",
        "reloading the nft file and restarting the sandbox dnsmasq while sandboxes run restores internet and "
        "egress from the runtime's state files; the sandbox without internet stays cut off and isolated",
-       (), _NFT + " (include net_state_dir/*.nft)", "sandbox_rt/netstate.py"),
+       (), _NFT + " (include net_state_dir/*.nft)", "sandbox_rt/backends/lxc/netstate.py"),
     _c("SBX-NET-18", "DNS answers only what the egress list allows",
        "a sandbox with names in its egress list gets answers for those only: other names (also one only "
        "another sandbox lists) are refused by the host and never reach the upstream resolver (its log); "
        "the listed name resolves into the sandbox's own set; a list change restarts no other resolver",
-       (), _NFT + " (prerouting: dnat to @dns_resolvers)", "sandbox_rt/egress_dns.py",
-       "sandbox_rt/netstate.py"),
+       (), _NFT + " (prerouting: dnat to @dns_resolvers)", "sandbox_rt/backends/lxc/egress_dns.py",
+       "sandbox_rt/backends/lxc/netstate.py"),
     _c("SBX-NET-19", "a sandbox's port carries only its own MAC and address, ARP included",
        "container root, as the template makes it and with net_admin + net_raw granted on purpose (a "
        "throw-away variant), cannot send under a neighbour's address (a forged DNS query never reaches the "
        "host's conntrack), make the host's ARP entry for it point elsewhere, or teach the bridge its MAC",
-       (), _NFT + " (table bridge: port_in / port_out)", "sandbox_rt/netstate.py (_port_create)",
+       (), _NFT + " (table bridge: port_in / port_out)", "sandbox_rt/backends/lxc/netstate.py (_port_create)",
        _LXC_BACKEND + " (clone: the port is bound before start)"),
     # -- resources --------------------------------------------------------------------------------
     _c("SBX-RES-01", "fork bombs stay inside the pids limit",
        "pids.max as requested; a bounded fork bomb hits it, the sandbox survives, the host still forks",
-       ("7.fn.forkbomb",), _LXC_BACKEND + " (cgroup_limit_lines)", _LXC_CONF + " (default pids.max)"),
+       ("7.fn.forkbomb",), _LXC_CGROUPS + " (cgroup_limit_lines)", _LXC_CONF + " (default pids.max)"),
     _c("SBX-RES-02", "memory hogs are OOM-killed inside",
        "allocating > the limit is killed in the sandbox, which survives; host free memory unaffected",
-       ("7.fn.oom",), _LXC_BACKEND + " (cgroup_limit_lines)"),
+       ("7.fn.oom",), _LXC_CGROUPS + " (cgroup_limit_lines)"),
     _c("SBX-RES-03", "no swap",
        "memory+swap limit equals the memory limit (swap.max 0 on cgroup v2)",
-       ("7.ct.swap",), _LXC_BACKEND + " (cgroup_limit_lines)"),
+       ("7.ct.swap",), _LXC_CGROUPS + " (cgroup_limit_lines)"),
     _c("SBX-RES-04", "CPU hogs stay within the quota",
        "two busy loops in a cpus=0.5 sandbox get <= ~0.6 CPU-seconds per second",
-       (), _LXC_BACKEND + " (cgroup_limit_lines)"),
+       (), _LXC_CGROUPS + " (cgroup_limit_lines)"),
     _c("SBX-RES-05", "disk fill stops at the disk size",
        "half of disk_gb can be written, more than disk_gb fails with EDQUOT/ENOSPC "
        "(waived with lxc_host_storage dir: the test shows the gap instead)",
@@ -270,29 +273,29 @@ CONTROLS: tuple[Control, ...] = (
     _c("SBX-RES-09", "network bandwidth per sandbox",
        "with net_mbps=80, TCP both ways between host and sandbox averages no more than the cap allows (one "
        "second's bucket plus the rate); the runtime's SSH session is not counted",
-       (), "sandbox_rt/netstate.py (_port_create: policers)", "sandbox_rt/caps.py"),
+       (), "sandbox_rt/backends/lxc/netstate.py (_port_create: policers)", "sandbox_rt/caps.py"),
     _c("SBX-RES-10", "disk bandwidth and IOPS per sandbox",
        "blkio.throttle.* (v1) / io.max (v2) on the storage device as asked; O_DIRECT writes of 1 MiB and "
        "4 KiB blocks stay within disk_mbps and disk_iops (buffered writes: docs/threat-model.md)",
-       (), _LXC_BACKEND + " (cgroup_limits)", "sandbox_rt/backends/hostcaps.py (storage_device)",
+       (), _LXC_CGROUPS + " (cgroup_limits)", "sandbox_rt/backends/lxc/hostcaps.py (storage_device)",
        "roles/lxc_host/tasks/storage.yml (loop direct IO)"),
     _c("SBX-RES-11", "the sandboxes' pids limits together leave the host its pids",
        "kernel.pid_max holds the promised density at the default pids_max; a create past the budget "
        "(7/8 of pid_max, summed over the sandboxes' pids_max) is refused and leaves nothing",
-       (), "sandbox_rt/backends/hostcaps.py (check_pids_budget)",
+       (), "sandbox_rt/backends/lxc/hostcaps.py (check_pids_budget)",
        "roles/lxc_host/defaults/main.yml (pid_max)"),
     _c("SBX-RES-12", "a sandbox sees its own memory and CPUs",
        "/proc/meminfo, free, nproc, os.cpu_count(), /proc/cpuinfo, /proc/stat show its limits, /proc/uptime "
        "its own (lxcfs, bound in without hooks; cpus pinned to ceil(cpus) cores)",
        (), _LXC_CONF + " (lxc.mount.entry lxcfs)", "roles/lxc_host/tasks/lxcfs.yml",
-       "sandbox_rt/backends/hostcaps.py (pick_cpus)"),
+       "sandbox_rt/backends/lxc/hostcaps.py (pick_cpus)"),
     # -- escape -----------------------------------------------------------------------------------
     _c("SBX-ESC-01", "unprivileged container, ids of its own",
        "idmap 0 -> a 65536-id host range at or above 100000 in the config, PID 1 runs as its first "
        "host uid; on the embedded default each sandbox's range is its own (from its address); "
        "two sandboxes' maps are disjoint and one's root cannot read the other's files "
        "(tests/integration/runtime/test_idmap.py, with a negative proof)",
-       ("7.ct.unprivileged",), _LXC_CONF + " (lxc.idmap)", "sandbox_rt/backends/idmap.py",
+       ("7.ct.unprivileged",), _LXC_CONF + " (lxc.idmap)", "sandbox_rt/backends/lxc/idmap.py",
        "roles/lxc_host/tasks/idmap.yml"),
     _c("SBX-ESC-02", "no mounts",
        "mounting the host's disk, tmpfs, bind or proc fails as the user and as container root",
@@ -404,7 +407,7 @@ CONTROLS: tuple[Control, ...] = (
     _c("SBX-LIFE-05", "destroy forgets the network state",
        "the sandbox's state files, dnsmasq nftset lines, egress chain and sets, and its elements in the "
        "internet set, egress map and DNS clients set are gone",
-       (), "sandbox_rt/netstate.py (remove)", _LXC_BACKEND + " (destroy)"),
+       (), "sandbox_rt/backends/lxc/netstate.py (remove)", _LXC_BACKEND + " (destroy)"),
 )
 
 # fmt: on

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import sandbox_rt
-from sandbox_rt.backends.hostcaps import storage_device
+from sandbox_rt.backends.lxc.hostcaps import storage_device
 from sandbox_rt.caps import net_bytes_per_s, pid_budget
 from sandbox_rt.ipam import mac_for_ip
 

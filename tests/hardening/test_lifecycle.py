@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_rt import Manager, Settings
-from sandbox_rt.network import NftInternetSet
+from sandbox_rt.backends.lxc.nft import NftInternetSet
 from tests.integration.runtime.test_crash_and_cli import CHILD as KILL_DURING_CREATE
 
 from . import checks, hosts

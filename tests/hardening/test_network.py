@@ -12,7 +12,7 @@ import pytest
 from testinfra.host import Host
 
 from sandbox_rt import Settings
-from sandbox_rt.network import NftInternetSet
+from sandbox_rt.backends.lxc.nft import NftInternetSet
 
 from . import checks
 from .checks import Target

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from sandbox_rt import Settings
-from sandbox_rt.egress_dns import bound_ports
-from sandbox_rt.netstate import NetState
-from sandbox_rt.network import NftInternetSet
+from sandbox_rt.backends.lxc.egress_dns import bound_ports
+from sandbox_rt.backends.lxc.netstate import NetState
+from sandbox_rt.backends.lxc.nft import NftInternetSet
 
 from . import checks
 from .checks import Target

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-import sandbox_rt.backends.lxc as lxc_backend
+import sandbox_rt.backends.lxc.backend as lxc_backend
 from sandbox_rt import Manager, Settings
-from sandbox_rt.backends.hostcaps import storage_device
+from sandbox_rt.backends.lxc.hostcaps import storage_device
+from sandbox_rt.backends.lxc.netstate import NetState
+from sandbox_rt.backends.lxc.nft import NftInternetSet
 from sandbox_rt.ipam import mac_for_ip
-from sandbox_rt.netstate import NetState
-from sandbox_rt.network import NftInternetSet
 from tests.integration.provision_helpers import sh, tcp_open, wait_for
 
 from . import checks, sites

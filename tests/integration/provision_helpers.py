@@ -22,9 +22,9 @@ from pathlib import Path
 
 import paramiko
 
+from sandbox_rt.backends.lxc.netstate import NetState, SandboxNet
 from sandbox_rt.config import Settings
 from sandbox_rt.ipam import mac_for_ip
-from sandbox_rt.netstate import NetState, SandboxNet
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"

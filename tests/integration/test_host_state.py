@@ -21,6 +21,7 @@ CONTRACT_KEYS = {
     "backend",
     "lxc_path",
     "template",
+    "templates",
     "bridge",
     "network_cidr",
     "gateway",

@@ -67,6 +67,10 @@ def lxc_config(spec: NodeSpec) -> str:
             # writer's own user namespace: the CT's, never the node's (template_build's
             # sandbox-rt-pve-ct-setup, SBX-ESC-14).
             "lxc.mount.entry = /proc/sys/user proc/sys/user none bind,rw 0 0",
+            # The repository (and its .venv: the node is Debian 12 like this machine) at the same
+            # path, read-only: the runtime's services run from it in the node (tests/integration/
+            # test_services.py), as they would from an installed package on a real host.
+            f"lxc.mount.entry = {REPO} {str(REPO).lstrip('/')} none bind,ro,create=dir 0 0",
             "lxc.autodev = 1",
             "lxc.tty.max = 1",
             "lxc.pty.max = 64",

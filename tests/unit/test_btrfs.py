@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_rt.backends.btrfs import DiskLimitError, create_subvolume, is_subvolume, set_size_limit
+from sandbox_rt.backends.lxc.btrfs import DiskLimitError, create_subvolume, is_subvolume, set_size_limit
 
 
 @pytest.fixture

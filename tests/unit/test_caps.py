@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from sandbox_rt import BackendError, ConfigError, Settings
-from sandbox_rt.backends.hostcaps import (
+from sandbox_rt.backends.lxc import cgroup_limit_lines
+from sandbox_rt.backends.lxc.hostcaps import (
     HostLoad,
     check_pids_budget,
     cpu_list,
@@ -19,7 +20,7 @@ from sandbox_rt.backends.hostcaps import (
     pick_cpus,
     storage_device,
 )
-from sandbox_rt.backends.lxc import cgroup_limit_lines
+from sandbox_rt.backends.lxc.netstate import NetState, SandboxNet
 from sandbox_rt.caps import (
     DEFAULT_DISK_IOPS,
     DEFAULT_DISK_MBPS,
@@ -27,7 +28,6 @@ from sandbox_rt.caps import (
     net_bytes_per_s,
     pid_budget,
 )
-from sandbox_rt.netstate import NetState, SandboxNet
 from sandbox_rt.validation import make_spec
 
 
@@ -141,7 +141,7 @@ def test_storage_device_is_the_mount_source_disk(monkeypatch: pytest.MonkeyPatch
     (tmp_path / "block" / "vda" / "dev").write_text("254:0\n")
     (tmp_path / "dev-block").mkdir()
     (tmp_path / "dev-block" / "254:1").symlink_to(tmp_path / "block" / "vda" / "vda1")
-    monkeypatch.setattr("sandbox_rt.backends.hostcaps._SYS_BLOCK", tmp_path / "dev-block")
+    monkeypatch.setattr("sandbox_rt.backends.lxc.hostcaps._SYS_BLOCK", tmp_path / "dev-block")
     assert storage_device(Path("/var/lib/sandbox_rt/lxc"), MOUNTINFO) == "7:0"  # btrfs: its source
     assert storage_device(Path("/var/lib/sandbox_rt/lxc/sbx-y/delta"), MOUNTINFO) == "7:0"
     assert storage_device(Path("/home"), MOUNTINFO) == "254:0"  # a partition: its disk

@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandbox_rt import BackendError, ConfigError, Settings
-from sandbox_rt.egress_dns import EgressResolvers
-from sandbox_rt.netstate import NetState, SandboxNet
+from sandbox_rt.backends.lxc.egress_dns import EgressResolvers
+from sandbox_rt.backends.lxc.netstate import NetState, SandboxNet
 from sandbox_rt.validation import check_egress, egress_entry, make_spec, split_egress
 
 
@@ -283,7 +283,7 @@ class _FakeHost:
 
         def start(sid: str, port: int) -> None:
             if port in self.busy_ports:
-                from sandbox_rt.egress_dns import PortBusy
+                from sandbox_rt.backends.lxc.egress_dns import PortBusy
 
                 raise PortBusy("busy", step="network")
             self.started[sid] = port
@@ -292,7 +292,7 @@ class _FakeHost:
         monkeypatch.setattr(state.resolvers, "start", start)
         monkeypatch.setattr(state.resolvers, "stop", lambda sid: self.started.pop(sid, None))
         monkeypatch.setattr(state.resolvers, "running", lambda sid: sid in self.started)
-        monkeypatch.setattr("sandbox_rt.egress_dns.bound_ports", lambda *a, **k: set())
+        monkeypatch.setattr("sandbox_rt.backends.lxc.egress_dns.bound_ports", lambda *a, **k: set())
 
 
 def test_apply_is_all_or_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -353,6 +353,6 @@ def test_the_resolver_port_range_is_checked(low: int, high: int) -> None:
 
 def test_an_exhausted_port_range_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = dataclasses.replace(_settings(tmp_path), egress_dns_port_min=20000, egress_dns_port_max=20001)
-    monkeypatch.setattr("sandbox_rt.egress_dns.bound_ports", lambda *a, **k: {20001})
+    monkeypatch.setattr("sandbox_rt.backends.lxc.egress_dns.bound_ports", lambda *a, **k: {20001})
     with pytest.raises(BackendError, match=r"no free port .* 20000-20001"):
         EgressResolvers(settings).pick_port({20000})

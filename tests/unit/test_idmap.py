@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_rt.backends.idmap import ID_RANGE, idmap_base_for, shift_owners, subid_ranges_cover
+from sandbox_rt.backends.lxc.idmap import ID_RANGE, idmap_base_for, shift_owners, subid_ranges_cover
 from sandbox_rt.errors import BackendError
 
 

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from sandbox_rt import Manager, Settings
-from sandbox_rt.backends.btrfs import is_subvolume
+from sandbox_rt.backends.lxc.btrfs import is_subvolume
 
 from .conftest import SESSION_LABEL, Factory
 

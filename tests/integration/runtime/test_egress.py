@@ -15,8 +15,8 @@ import pytest
 
 import sandbox_rt
 from sandbox_rt import BackendError, ConfigError, Manager, Settings
-from sandbox_rt.egress_dns import bound_ports
-from sandbox_rt.netstate import NetState
+from sandbox_rt.backends.lxc.egress_dns import bound_ports
+from sandbox_rt.backends.lxc.netstate import NetState
 
 from .conftest import SESSION_LABEL
 

@@ -16,7 +16,7 @@ import pytest
 
 import sandbox_rt
 from sandbox_rt import Manager, Settings
-from sandbox_rt.backends.idmap import ID_RANGE
+from sandbox_rt.backends.lxc.idmap import ID_RANGE
 
 from .conftest import SESSION_LABEL
 

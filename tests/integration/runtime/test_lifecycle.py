@@ -199,7 +199,7 @@ def test_internet_toggle_is_reflected_in_status(make) -> None:  # type: ignore[n
 
 
 def test_internet_toggle_updates_the_nft_set(lxc_manager: Manager, make_lxc) -> None:  # type: ignore[no-untyped-def]
-    from sandbox_rt.network import NftInternetSet
+    from sandbox_rt.backends.lxc.nft import NftInternetSet
 
     s = lxc_manager.settings
     nft = NftInternetSet(s.nft_family, s.nft_table, s.nft_internet_set)

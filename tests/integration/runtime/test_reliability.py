@@ -19,9 +19,9 @@ import pytest
 
 import sandbox_rt
 from sandbox_rt import BackendError, Manager, SandboxNotReady, Settings
-from sandbox_rt.egress_dns import bound_ports
-from sandbox_rt.netstate import NetState
-from sandbox_rt.network import NftInternetSet
+from sandbox_rt.backends.lxc.egress_dns import bound_ports
+from sandbox_rt.backends.lxc.netstate import NetState
+from sandbox_rt.backends.lxc.nft import NftInternetSet
 
 from .conftest import SESSION_LABEL
 
@@ -189,7 +189,7 @@ def test_disk_limits_off_btrfs_are_a_clear_error(scratch_settings: Settings) -> 
 
 def test_missing_template_is_a_clear_error(scratch_settings: Settings) -> None:
     s = dataclasses.replace(scratch_settings, template="no-such-template")
-    with pytest.raises(BackendError, match="template 'no-such-template' not found"):
+    with pytest.raises(BackendError, match=r"template 'default' \(no-such-template\) not found"):
         Manager(s).create()
     _assert_empty(s)
 

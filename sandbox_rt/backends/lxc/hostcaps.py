@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ..caps import pid_budget
-from ..errors import BackendError, ConfigError
+from ...caps import pid_budget
+from ...errors import BackendError, ConfigError
+from ...validation import SANDBOX_ID
 
 __all__ = [
     "HostLoad",
@@ -195,3 +197,31 @@ def check_pids_budget(wanted: int, others: int, pid_max: int) -> None:
             "destroy sandboxes or ask for a smaller pids_max",
             step="limits",
         )
+
+
+def host_load(lxc_path: Path, skip: str = "") -> HostLoad:
+    """Addresses, pids limits and pinned CPUs of every container of ``lxc_path`` (a template has no
+    address; only sandboxes count for pids and CPUs), except ``skip``."""
+    load = HostLoad()
+    if not lxc_path.is_dir():
+        return load
+    for cfg in lxc_path.glob("*/config"):
+        try:
+            lines = cfg.read_text().splitlines()
+        except OSError:
+            continue
+        values: dict[str, str] = {}  # key -> its last value (what LXC applies)
+        address = ""  # the first address line (as the runtime writes it)
+        for line in lines:
+            k, sep, v = line.partition("=")
+            if sep:
+                values[k.strip()] = v.strip()
+                if not address and k.strip() == "lxc.net.0.ipv4.address":
+                    address = v.strip()
+        if address:
+            with contextlib.suppress(ValueError):
+                load.addresses.add(str(ipaddress.IPv4Interface(address).ip))
+        name = cfg.parent.name
+        if SANDBOX_ID.match(name) and name != skip:
+            load.add_sandbox(values)
+    return load

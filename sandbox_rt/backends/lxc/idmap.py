@@ -27,7 +27,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..errors import BackendError
+from ...errors import BackendError
+from .container import id_base
 
 __all__ = [
     "ID_RANGE",
@@ -208,3 +209,28 @@ def shift_owners(root: Path, *, template_base: int, to_base: int) -> int:
                 os.chmod(path, st.st_mode & 0o7777)  # chown clears setuid/setgid: keep them
             count += 1
     return count
+
+
+def isolated_base(ip: str, pool_start: str, template_base: int) -> int:
+    """The first host id of the sandbox at ``ip``'s own range; BackendError if root may not use it."""
+    base = idmap_base_for(ip, pool_start, template_base)
+    if not subid_ranges_cover("root", base, ID_RANGE):
+        raise BackendError(
+            f"/etc/subuid and /etc/subgid do not give root the ids {base}-{base + ID_RANGE - 1} "
+            "for this sandbox's isolated id map (run site.yml: lxc_host delegates them; or set "
+            "idmap_isolated=false)",
+            step="clone",
+        )
+    return base
+
+
+def own_ids(cdir: Path, upper: Path, lower_mount: Path, *, template_base: int) -> None:
+    """Hand a clone's own dirs to its id range (its config's ``lxc.idmap``): lxc-copy gave them the
+    template's (and wrote etc/hostname into the delta as template root); a fork's delta comes from
+    another sandbox. ``lower_mount`` is made for the template's idmapped root at start."""
+    base = id_base(cdir, template_base)
+    lower_mount.mkdir(mode=0o755, exist_ok=True)
+    for path in (cdir, cdir / "rootfs", upper.parent, *upper.parent.iterdir()):
+        if path.exists() and not path.is_symlink():
+            os.chown(path, base, base)
+    shift_owners(upper, template_base=template_base, to_base=base)

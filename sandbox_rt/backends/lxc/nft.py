@@ -6,7 +6,7 @@ import ipaddress
 import json
 import subprocess
 
-from .errors import BackendError
+from ...errors import BackendError
 
 __all__ = ["NftInternetSet", "run_nft"]
 

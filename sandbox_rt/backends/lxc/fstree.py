@@ -14,8 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..errors import BackendError
-from .owner import process_start_time
+from ...errors import BackendError
+from ..owner import process_start_time
 
 __all__ = ["copy_tree", "rewrite_file_beneath", "sweep_stale", "tree_bytes"]
 

@@ -40,13 +40,13 @@ import re
 import subprocess
 from pathlib import Path
 
-from .caps import net_bytes_per_s
-from .config import Settings
+from ...caps import net_bytes_per_s
+from ...config import Settings
+from ...errors import BackendError
+from ...filelock import file_lock
+from ...validation import split_egress
 from .egress_dns import EgressResolvers, PortBusy
-from .errors import BackendError
-from .filelock import file_lock
-from .network import run_nft
-from .validation import split_egress
+from .nft import NftInternetSet, run_nft
 
 __all__ = ["DNS_RESOLVER_MAP", "EGRESS_MAP", "PORT_IN_MAP", "PORT_OUT_MAP", "NetState", "SandboxNet"]
 
@@ -110,7 +110,8 @@ class SandboxNet:
 
 
 class NetState:
-    """Writes, applies and removes the per-sandbox state files, nft objects and resolvers."""
+    """Writes, applies and removes the per-sandbox state files, nft objects and resolvers: the one
+    owner of a sandbox's nft state (its port binding, its element of the internet set, its egress)."""
 
     def __init__(self, settings: Settings) -> None:
         self.dir = settings.net_state_dir
@@ -406,6 +407,10 @@ class NetState:
             else:
                 self._drop_element(self.internet_set, ip)
                 self._write(net)
+
+    def internet_enabled(self, ip: str) -> bool:
+        """Whether ``ip`` is in the live internet set now (what the kernel applies, not the file)."""
+        return NftInternetSet(self.family, self.table, self.internet_set).contains(ip)
 
     def remove(self, sandbox_id: str, ip: str | None) -> bool:
         """Forget the sandbox's state: its port objects, live elements, chain and sets (one

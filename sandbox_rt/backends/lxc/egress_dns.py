@@ -1,7 +1,7 @@
 """The DNS of a sandbox whose egress allow-list has domain names: its own small resolver.
 
 One dnsmasq shared by every sandbox cannot answer per client, so each such sandbox gets its own
-instance (``sandbox_rt/netstate.py`` decides when; this module only writes, starts and stops them):
+instance (``netstate.py`` decides when; this module only writes, starts and stops them):
 
 - it listens on the bridge address (``settings.dns_server``) on one port of
   ``egress_dns_port_min..max``; the role's nat chain DNATs that sandbox's DNS (udp and tcp 53 to the
@@ -28,8 +28,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from .config import Settings
-from .errors import BackendError
+from ...config import Settings
+from ...errors import BackendError
 
 __all__ = ["EgressResolvers", "PortBusy", "bound_ports"]
 
