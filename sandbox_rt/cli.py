@@ -149,6 +149,10 @@ def _parser() -> argparse.ArgumentParser:
     sh.add_argument("--command", help="run this instead of the login shell")
     sh.add_argument("--user", help="root: in a sandbox made with --root (default: the sandbox user)")
 
+    xt = command("extend", help="let a sandbox live SECONDS from now (its TTL)")
+    xt.add_argument("id")
+    xt.add_argument("seconds", type=int, metavar="SECONDS")
+
     sn = command("snapshot", help="save a sandbox's files as a named snapshot (to fork)")
     sn.add_argument("id")
     sn.add_argument("name")
@@ -364,6 +368,16 @@ class _Cli:
                     return attach_terminal(term)
             finally:
                 sb.close()
+        if a.cmd == "extend":
+            sb = mgr.attach(a.id)
+            try:
+                sb.extend(a.seconds)
+            finally:
+                sb.close()
+            expires = sb.record.expires_at or 0.0
+            text = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(expires))
+            self.out({"id": sb.id, "expires_at": expires}, f"{sb.id} expires at {text}")
+            return 0
         if a.cmd == "snapshot":
             info = mgr.snapshot(a.id, a.name)
             self.out(dataclasses.asdict(info), info.name)

@@ -74,7 +74,7 @@ from .models import (
     SandboxStatus,
     SnapshotInfo,
 )
-from .validation import check_sandbox_id
+from .validation import check_sandbox_id, check_snapshot_name
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -152,6 +152,8 @@ class SandboxLike(Protocol):
 
     def set_egress(self, egress: Sequence[str]) -> tuple[str, ...]: ...
 
+    def extend(self, ttl_s: int) -> None: ...
+
     def status(self) -> SandboxStatus: ...
 
     def is_connected(self) -> bool: ...
@@ -186,6 +188,10 @@ class ManagerLike(Protocol):
     def attach(self, sandbox_id: str) -> SandboxLike: ...
 
     def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo: ...
+
+    def list_snapshots(self) -> builtins.list[SnapshotInfo]: ...
+
+    def delete_snapshot(self, name: str) -> None: ...
 
     def destroy(self, sandbox_id: str) -> None: ...
 
@@ -434,6 +440,7 @@ EXEC_FIELDS: dict[str, tuple[str, bool]] = {
 INTERNET_FIELDS: dict[str, tuple[str, bool]] = {"enabled": ("boolean", False)}
 EGRESS_FIELDS: dict[str, tuple[str, bool]] = {"egress": ("string_list", False)}
 SNAPSHOT_FIELDS: dict[str, tuple[str, bool]] = {"name": ("string", False)}
+EXTEND_FIELDS: dict[str, tuple[str, bool]] = {"ttl_s": ("integer", False)}
 ENCODINGS = ("utf-8", "base64")
 
 
@@ -564,6 +571,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/sandboxes/{id}/internet", "internet"),
     Route("PUT", "/v1/sandboxes/{id}/egress", "egress"),
     Route("POST", "/v1/sandboxes/{id}/snapshots", "snapshot"),
+    Route("POST", "/v1/sandboxes/{id}/extend", "extend"),
+    Route("GET", "/v1/snapshots", "list_snapshots"),
+    Route("DELETE", "/v1/snapshots/{name}", "delete_snapshot"),
 )
 _COMPILED = [(r, r.pattern) for r in ROUTES]
 
@@ -1271,6 +1281,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             raise ConfigError("field 'name' is required (the snapshot's name)")
         info = self.app.manager.snapshot(id, body["name"])
         self._send_json(201, dataclasses.asdict(info))
+
+    def _h_extend(self, id: str) -> None:
+        body = self._json_body("extend")
+        _check_body(body, EXTEND_FIELDS, "extend")
+        if "ttl_s" not in body:
+            raise ConfigError("field 'ttl_s' is required (seconds from now)")
+        sb = self.app.cache.get(id)
+        sb.extend(_integral(body["ttl_s"]))
+        self._send_json(200, status_json(sb.status()))
+
+    def _h_list_snapshots(self) -> None:
+        self._read_body()
+        infos = self.app.manager.list_snapshots()
+        self._send_json(200, {"snapshots": [dataclasses.asdict(i) for i in infos]})
+
+    def _h_delete_snapshot(self, name: str) -> None:
+        self._read_body()
+        self.app.manager.delete_snapshot(check_snapshot_name(name))
+        self.send_response(204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def _h_read_file(self, id: str) -> None:
         self._read_body()

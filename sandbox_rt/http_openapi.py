@@ -17,7 +17,7 @@ from . import __version__
 from .caps import MAX_DISK_IOPS, MAX_DISK_MBPS, MAX_NET_MBPS
 from .limits import DEFAULT_MAX_OUTPUT, HTTP_LIMITS
 from .models import DEFAULT_CPUS, DEFAULT_DISK_GB, DEFAULT_MEMORY_MB, DEFAULT_PIDS_MAX, DEFAULT_TEMPLATE
-from .validation import MAX_DISK_GB, MAX_PIDS_MAX, MIN_MEMORY_MB, MIN_PIDS_MAX, TEMPLATE_NAME
+from .validation import MAX_DISK_GB, MAX_PIDS_MAX, MAX_TTL_S, MIN_MEMORY_MB, MIN_PIDS_MAX, TEMPLATE_NAME
 
 __all__ = ["openapi_document"]
 
@@ -427,6 +427,24 @@ _SCHEMAS: dict[str, Any] = {
             "error": {"$ref": "#/components/schemas/Error/properties/error"},
         },
     },
+    "ExtendRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["ttl_s"],
+        "properties": {
+            "ttl_s": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": MAX_TTL_S,
+                "description": "The sandbox lives this many seconds from now (E2B's set_timeout).",
+            }
+        },
+    },
+    "SnapshotList": {
+        "type": "object",
+        "required": ["snapshots"],
+        "properties": {"snapshots": {"type": "array", "items": _ref("SnapshotInfo")}},
+    },
     "SnapshotRequest": {
         "type": "object",
         "additionalProperties": False,
@@ -689,6 +707,46 @@ _PATHS: dict[str, Any] = {
             "responses": {
                 "201": _json(_ref("SnapshotInfo"), "Saved."),
                 **_errors("400", "401", "404", "409", "502"),
+            },
+        },
+    },
+    "/v1/sandboxes/{id}/extend": {
+        "parameters": [_ID_PARAM],
+        "post": {
+            "operationId": "extendSandbox",
+            "summary": "Let the sandbox live ttl_s seconds from now",
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref("ExtendRequest")}},
+            },
+            "responses": {
+                "200": _json(_ref("SandboxStatus"), "Its status with the new expires_at."),
+                **_errors("400", "401", "404", "409", "502"),
+            },
+        },
+    },
+    "/v1/snapshots": {
+        "get": {
+            "operationId": "listSnapshots",
+            "summary": "The host's snapshots (LXC: they outlive their source; PVE: they go with it)",
+            "responses": {"200": _json(_ref("SnapshotList"), "The snapshots."), **_errors("401", "502")},
+        }
+    },
+    "/v1/snapshots/{name}": {
+        "parameters": [
+            {
+                "name": "name",
+                "in": "path",
+                "required": True,
+                "schema": {"type": "string", "pattern": _SNAPSHOT_NAME},
+            }
+        ],
+        "delete": {
+            "operationId": "deleteSnapshot",
+            "summary": "Delete a snapshot (forks made from it are not affected)",
+            "responses": {
+                "204": {"description": "Deleted."},
+                **_errors("400", "401", "404", "502"),
             },
         },
     },

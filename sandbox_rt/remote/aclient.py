@@ -181,6 +181,14 @@ class AsyncClient:
     async def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
         return await self._send(calls.snapshot(sandbox_id, name))
 
+    async def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        """The server's snapshots (``Manager.list_snapshots``)."""
+        return await self._send(calls.list_snapshots())
+
+    async def delete_snapshot(self, name: str) -> None:
+        """Delete a snapshot by name; SnapshotNotFound if there is none."""
+        await self._send(calls.delete_snapshot(name))
+
     async def aclose(self) -> None:
         """Close the HTTP connections; sandboxes keep running."""
         self._closed = True
@@ -365,6 +373,11 @@ class AsyncRemoteSandbox:
     async def snapshot(self, name: str) -> SnapshotInfo:
         self._alive()
         return await self._client._send(calls.snapshot(self.id, name))
+
+    async def extend(self, ttl_s: int) -> None:
+        """Let the sandbox live ``ttl_s`` seconds from now (``Sandbox.extend``)."""
+        self._alive()
+        self._status = await self._client._send(calls.extend(self.id, ttl_s))
 
     def is_connected(self) -> bool:
         return not self._destroyed and not self._client._closed

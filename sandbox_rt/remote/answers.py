@@ -26,7 +26,7 @@ from ..models import (
     SandboxStatus,
     SnapshotInfo,
 )
-from ..validation import MAX_EGRESS_ENTRIES, TEMPLATE_NAME, check_sandbox_id
+from ..validation import MAX_EGRESS_ENTRIES, TEMPLATE_NAME, check_sandbox_id, check_snapshot_name
 
 __all__ = [
     "bad_answer",
@@ -37,6 +37,7 @@ __all__ = [
     "parse_list",
     "parse_record",
     "parse_snapshot",
+    "parse_snapshot_list",
     "parse_status",
     "parse_templates",
     "parse_usage",
@@ -293,7 +294,7 @@ def parse_exec_result(value: Any, max_output: int) -> ExecResult:
     return result
 
 
-def parse_snapshot(value: Any, name: str, source_id: str) -> SnapshotInfo:
+def parse_snapshot(value: Any, name: str, source_id: str | None) -> SnapshotInfo:
     data = read_object(value, "the snapshot")
 
     def get(field: str) -> Any:
@@ -312,6 +313,24 @@ def parse_snapshot(value: Any, name: str, source_id: str) -> SnapshotInfo:
             read_template(data["template"], "snapshot.template") if "template" in data else DEFAULT_TEMPLATE
         ),
     )
+
+
+def parse_snapshot_list(value: Any) -> list[SnapshotInfo]:
+    """``GET /v1/snapshots``: each entry checked as the snapshot answer is (any source, any name)."""
+    data = read_object(value, "the snapshot list")
+    items = read_member(data, "snapshots", "the snapshot list")
+    if not isinstance(items, list) or len(items) > MAX_LIST_ENTRIES:
+        raise bad_answer(f"the snapshot list is not an array of at most {MAX_LIST_ENTRIES} snapshots")
+    out = []
+    for item in items:
+        entry = read_object(item, "a snapshot")
+        name = read_str(read_member(entry, "name", "a snapshot"), "snapshot.name", 64)
+        try:
+            check_snapshot_name(name)
+        except ConfigError:
+            raise bad_answer(f"snapshot.name {name!r:.60} is not a snapshot name") from None
+        out.append(parse_snapshot(entry, name, None))
+    return out
 
 
 def parse_internet(value: Any, sandbox_id: str, enabled: bool) -> None:

@@ -7,8 +7,8 @@ import builtins
 import logging
 import os
 import urllib.parse
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from ..errors import ConfigError
 from ..http_api import _check_token as check_token  # the server's token rules, reused
@@ -16,10 +16,12 @@ from ..http_api import _is_loopback as is_loopback
 from ..http_api import load_token
 from ..limits import DEFAULT_READ_MAX_BYTES
 from ..models import ExecResult, SandboxRecord, SandboxStatus, SnapshotInfo
-from ..validation import check_max_bytes, check_remote_path, check_sandbox_id, check_snapshot_name
+from ..validation import MAX_TTL_S, check_max_bytes, check_remote_path, check_sandbox_id, check_snapshot_name
 from . import answers, wire
 from .error_map import ErrorContext
 from .wire import Call
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -96,15 +98,14 @@ def create(
     )
 
 
+def _listing(path: str, parse: Callable[[Any], T], what: str) -> Call[T]:
+    """``GET path`` of a host-wide list (no sandbox, no name to blame an error on)."""
+    return Call("GET", path, 200, lambda raw: parse(answers.decode_json(raw, what)), ErrorContext())
+
+
 def templates() -> Call[builtins.list[str]]:
     """``GET /v1/templates``: the template names create() takes."""
-    return Call(
-        "GET",
-        "/v1/templates",
-        200,
-        lambda raw: answers.parse_templates(answers.decode_json(raw, "the template list")),
-        ErrorContext(),
-    )
+    return _listing("/v1/templates", answers.parse_templates, "the template list")
 
 
 def status(sandbox_id: str) -> Call[SandboxStatus]:
@@ -250,3 +251,35 @@ def endpoint(url: str, token: str | None, token_file: str | os.PathLike[str] | N
     if split.scheme == "http" and not is_loopback(split.hostname):
         log.warning("the sandbox-rt API at %s is plain HTTP: the token travels in clear text", url)
     return url.rstrip("/"), secret
+
+
+def extend(sandbox_id: str, ttl_s: int) -> Call[SandboxStatus]:
+    """``POST /v1/sandboxes/{id}/extend``: live ``ttl_s`` seconds from now; the new status."""
+    check_sandbox_id(sandbox_id)
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or not 0 < ttl_s <= MAX_TTL_S:
+        raise ConfigError(f"ttl_s={ttl_s!r} must be a whole number > 0 and <= {MAX_TTL_S}")
+    return Call(
+        "POST",
+        wire.sandbox_path(sandbox_id, "/extend"),
+        200,
+        lambda raw: answers.parse_status(answers.decode_json(raw, "the status"), sandbox_id),
+        ErrorContext(sandbox_id=sandbox_id),
+        json={"ttl_s": ttl_s},
+    )
+
+
+def list_snapshots() -> Call[builtins.list[SnapshotInfo]]:
+    """``GET /v1/snapshots``."""
+    return _listing("/v1/snapshots", answers.parse_snapshot_list, "the snapshot list")
+
+
+def delete_snapshot(name: str) -> Call[None]:
+    """``DELETE /v1/snapshots/{name}``; SnapshotNotFound if there is none."""
+    check_snapshot_name(name)
+    return Call(
+        "DELETE",
+        f"/v1/snapshots/{name}",
+        204,
+        lambda _raw: None,
+        ErrorContext(snapshot=name),
+    )

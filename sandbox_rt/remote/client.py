@@ -188,6 +188,14 @@ class Client:
     def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
         return self._send(calls.snapshot(sandbox_id, name))
 
+    def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        """The server's snapshots (``Manager.list_snapshots``)."""
+        return self._send(calls.list_snapshots())
+
+    def delete_snapshot(self, name: str) -> None:
+        """Delete a snapshot by name; SnapshotNotFound if there is none."""
+        self._send(calls.delete_snapshot(name))
+
     def close(self) -> None:
         """Close the HTTP connections; sandboxes keep running."""
         self._closed = True
@@ -386,6 +394,11 @@ class RemoteSandbox:
     def snapshot(self, name: str) -> SnapshotInfo:
         self._alive()
         return self._client._send(calls.snapshot(self.id, name))
+
+    def extend(self, ttl_s: int) -> None:
+        """Let the sandbox live ``ttl_s`` seconds from now (``Sandbox.extend``)."""
+        self._alive()
+        self._status = self._client._send(calls.extend(self.id, ttl_s))
 
     def is_connected(self) -> bool:
         return not self._destroyed and not self._client._closed

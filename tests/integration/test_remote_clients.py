@@ -212,3 +212,29 @@ def test_remote_list_attach_and_errors(api: tuple[str, Path], manager: sandbox_r
             client.create(memory_mb=1)
     with remote.Client(url, token="x" * 32) as wrong, pytest.raises(sandbox_rt.PermissionDenied):
         wrong.list()
+
+
+def test_remote_extend_and_snapshots_reach_the_real_sandbox(
+    api: tuple[str, Path], manager: sandbox_rt.Manager
+) -> None:
+    """TTL extend, snapshot list and delete over HTTP change the real record and snapshot store."""
+    url, token_file = api
+    name = f"remote{secrets.token_hex(3)}"
+    with (
+        remote.Client(url, token_file=token_file) as client,
+        client.create(memory_mb=512, labels=LABEL) as sb,
+    ):
+        sb.extend(7200)
+        expires = manager.get(sb.id).expires_at
+        assert expires is not None and 7100 < expires - time.time() <= 7200
+        sb.exec("echo kept > /home/sandbox/note", check=True)
+        sb.snapshot(name)
+        try:
+            listed = [s for s in client.list_snapshots() if s.name == name]
+            assert [(s.source_id, s.template) for s in listed] == [(sb.id, "default")]
+            assert name in {s.name for s in manager.list_snapshots()}
+        finally:
+            client.delete_snapshot(name)
+        assert name not in {s.name for s in manager.list_snapshots()}
+        with pytest.raises(sandbox_rt.SnapshotNotFound):
+            client.delete_snapshot(name)

@@ -67,10 +67,15 @@ def lxc_config(spec: NodeSpec) -> str:
             # writer's own user namespace: the CT's, never the node's (template_build's
             # sandbox-rt-pve-ct-setup, SBX-ESC-14).
             "lxc.mount.entry = /proc/sys/user proc/sys/user none bind,rw 0 0",
-            # The repository (and its .venv: the node is Debian 12 like this machine) at the same
-            # path, read-only: the runtime's services run from it in the node (tests/integration/
-            # test_services.py), as they would from an installed package on a real host.
-            f"lxc.mount.entry = {REPO} {str(REPO).lstrip('/')} none bind,ro,create=dir 0 0",
+            # The runtime (its package and the .venv it is installed in: the node is Debian 12 like
+            # this machine) at the same paths, read-only: the runtime's services run from them in
+            # the node (tests/integration/test_services.py), as from an installed package on a real
+            # host. Only these two: the rest of the repository's path stays the node's own (Ansible
+            # makes its remote tmp there in the molecule scenarios).
+            *(
+                f"lxc.mount.entry = {REPO / sub} {str(REPO / sub).lstrip('/')} none bind,ro,create=dir 0 0"
+                for sub in (".venv", "sandbox_rt")
+            ),
             "lxc.autodev = 1",
             "lxc.tty.max = 1",
             "lxc.pty.max = 64",

@@ -171,8 +171,12 @@ class FakeSandbox:
             uptime_s=1.5,
             usage=ResourceUsage(memory_bytes=1 << 20, memory_peak_bytes=2 << 20, cpu_time_s=0.1, pids=3),
             labels=dict(self.box.kwargs.get("labels") or {}),
-            expires_at=time.time() + 60,
+            expires_at=time.time() + float(self.box.kwargs.get("ttl_s") or 60),
         )
+
+    def extend(self, ttl_s: int) -> None:
+        self._fail("extend")
+        self.box.kwargs["ttl_s"] = ttl_s
 
     def is_connected(self) -> bool:
         return self.connected

@@ -73,3 +73,46 @@ def test_snapshot_errors(url: str, mgr: SnapshotManager) -> None:
     assert (r.status_code, r.json()["error"]["type"]) == (404, "SnapshotNotFound"), r.text
     assert requests.post(snaps, json={"name": "ab"}, timeout=10).status_code == 401
     assert mgr.snapshots == {}
+
+
+class ListingManager(SnapshotManager):
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        return sorted(self.snapshots.values(), key=lambda i: i.name)
+
+    def delete_snapshot(self, name: str) -> None:
+        if self.snapshots.pop(name, None) is None:
+            raise SnapshotNotFound(name)
+
+
+def test_list_and_delete_snapshots() -> None:
+    mgr = ListingManager()
+    with ApiServer(mgr, token=TOKEN, port=0) as srv:  # type: ignore[arg-type]
+        url = srv.url
+        sid = requests.post(f"{url}/v1/sandboxes", json={}, headers=AUTH, timeout=10).json()["id"]
+        for name in ("one_a", "two_b"):
+            body = {"name": name}
+            requests.post(f"{url}/v1/sandboxes/{sid}/snapshots", json=body, headers=AUTH, timeout=10)
+        r = requests.get(f"{url}/v1/snapshots", headers=AUTH, timeout=10)
+        assert r.status_code == 200 and [s["name"] for s in r.json()["snapshots"]] == ["one_a", "two_b"]
+        assert r.json()["snapshots"][0]["template"] == "default"
+        r = requests.delete(f"{url}/v1/snapshots/one_a", headers=AUTH, timeout=10)
+        assert r.status_code == 204 and r.content == b"" and set(mgr.snapshots) == {"two_b"}
+        r = requests.delete(f"{url}/v1/snapshots/one_a", headers=AUTH, timeout=10)
+        assert (r.status_code, r.json()["error"]["type"]) == (404, "SnapshotNotFound")
+        assert requests.delete(f"{url}/v1/snapshots/x", headers=AUTH, timeout=10).status_code == 400
+        assert requests.delete(f"{url}/v1/snapshots/two_b", timeout=10).status_code == 401
+        assert requests.get(f"{url}/v1/snapshots", timeout=10).status_code == 401
+        assert requests.put(f"{url}/v1/snapshots/two_b", headers=AUTH, timeout=10).status_code == 405
+        assert set(mgr.snapshots) == {"two_b"}
+
+
+def test_extend(url: str, mgr: SnapshotManager) -> None:
+    sid = requests.post(f"{url}/v1/sandboxes", json={}, headers=AUTH, timeout=10).json()["id"]
+    r = requests.post(f"{url}/v1/sandboxes/{sid}/extend", json={"ttl_s": 7200}, headers=AUTH, timeout=10)
+    assert r.status_code == 200 and 7100 < r.json()["expires_at"] - time.time() <= 7200, r.text
+    assert mgr.boxes[sid].kwargs["ttl_s"] == 7200
+    for body in ({}, {"ttl_s": "1"}, {"ttl_s": 1.5}, {"ttl_s": 1, "x": 1}):
+        r = requests.post(f"{url}/v1/sandboxes/{sid}/extend", json=body, headers=AUTH, timeout=10)
+        assert r.status_code == 400, (body, r.text)
+    gone = f"{url}/v1/sandboxes/sbx-0000000000/extend"
+    assert requests.post(gone, json={"ttl_s": 5}, headers=AUTH, timeout=10).status_code == 404

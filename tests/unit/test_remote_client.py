@@ -10,6 +10,7 @@ import errno
 import gzip
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,13 @@ class Manager(FakeManager):
             raise SandboxNotFound(sandbox_id)
         return SnapshotInfo(name, sandbox_id, 1.5, "fake", 42)
 
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        return [SnapshotInfo("base_env", SID, 1.5, "fake", 42, template="base")]
+
+    def delete_snapshot(self, name: str) -> None:
+        if name != "base_env":
+            raise SnapshotNotFound(name)
+
 
 @pytest.fixture
 def mgr() -> Manager:
@@ -99,6 +107,17 @@ def test_lifecycle_round_trip(client: remote.Client, mgr: Manager) -> None:
         assert sb.status().internet is True
         assert sb.set_egress(["A.org", "a.org"]) == ("a.org",)
         assert sb.snapshot("base_env") == SnapshotInfo("base_env", sb.id, 1.5, "fake", 42)
+        assert client.list_snapshots() == [SnapshotInfo("base_env", SID, 1.5, "fake", 42, template="base")]
+        client.delete_snapshot("base_env")
+        with pytest.raises(SnapshotNotFound):
+            client.delete_snapshot("other_one")
+        with pytest.raises(ConfigError, match="snapshot name"):
+            client.delete_snapshot("../x")
+        sb.extend(7200)  # the answer's status is the handle's
+        assert sb.expires_at is not None and 7100 < sb.expires_at - time.time() <= 7200
+        assert mgr.boxes[sb.id].kwargs["ttl_s"] == 7200
+        with pytest.raises(ConfigError, match="ttl_s"):
+            sb.extend(0)
         assert [r.id for r in client.list(labels={"agent": "a1"})] == [sb.id]
         assert client.list(labels={"agent": "nobody"}) == []
         assert client.attach(sb.id).id == sb.id
@@ -285,6 +304,12 @@ def test_async_client_round_trip(url: str, mgr: Manager) -> None:
                 assert stream.result is not None and stream.result.stdout == b"1\n2\n"
                 with pytest.raises(SandboxNotFound):
                     await c.attach(SID)
+                await sb.extend(600)
+                assert sb.expires_at is not None and 500 < sb.expires_at - time.time() <= 600
+                assert [i.name for i in await c.list_snapshots()] == ["base_env"]
+                await c.delete_snapshot("base_env")
+                with pytest.raises(SnapshotNotFound):
+                    await c.delete_snapshot("other_one")
                 made = sb.id
             sb2 = await c.create()
             await sb2.destroy()
@@ -404,6 +429,26 @@ def test_file_larger_than_max_bytes_is_efbig() -> None:
         with pytest.raises(FileOperationError) as info:
             sb.read_file("/f", max_bytes=99)
         assert info.value.errno == errno.EFBIG and info.value.filename == "/f"
+
+
+SNAP = {"name": "ok_name", "source_id": SID, "created_at": 1, "backend": "lxc"}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"snapshots": [{**SNAP, "name": "../x"}]},
+        {"snapshots": [{**SNAP, "source_id": "not-an-id"}]},
+        {"snapshots": [{**SNAP, "template": "A!"}]},
+        {"snapshots": [SNAP] * 100_001},
+        {"snapshots": "all of them"},
+        {},
+    ],
+)
+def test_a_lying_snapshot_list_is_refused(body: Any) -> None:
+    assert remote.answers.parse_snapshot_list({"snapshots": [SNAP]})[0].name == "ok_name"
+    with pytest.raises(BackendError):
+        remote.answers.parse_snapshot_list(body)
 
 
 def test_list_must_honour_the_label_filter() -> None:

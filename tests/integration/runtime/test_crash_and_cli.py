@@ -74,6 +74,10 @@ def test_cli_create_exec_ls_status_destroy(lxc_manager: Manager) -> None:
         assert [x["id"] for x in ls] == [sid] and "host_key" not in ls[0]
         st = json.loads(_cli("--json", "status", sid).stdout)
         assert st["state"] == "running" and st["memory_mb"] == 256
+        x = json.loads(_cli("--json", "extend", sid, "7200").stdout)
+        assert x["id"] == sid and 7100 < x["expires_at"] - time.time() <= 7200
+        assert lxc_manager.get(sid).expires_at == x["expires_at"]
+        assert _cli("extend", sid, "0").returncode != 0  # bad input: a usage error
     finally:
         d = _cli("destroy", sid)
     assert d.returncode == 0
