@@ -49,7 +49,7 @@ class HoldsFiles(Protocol):
 
 
 LIST_MAX_ENTRIES = 10_000  # entries one ``list`` returns at most (all levels together)
-_MAX_DEPTH = 64
+MAX_LIST_DEPTH = 64  # levels a listing may go down
 
 
 def _entry_type(mode: int) -> EntryType:
@@ -98,8 +98,8 @@ class Files:
         """The entries of directory ``path`` (not following symlinks), ``depth`` levels deep
         (1: its own entries), sorted by path. FileOperationError(E2BIG) past ``max_entries``."""
         top = self._path(path)
-        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= _MAX_DEPTH:
-            raise ConfigError(f"depth={depth!r} must be a whole number from 1 to {_MAX_DEPTH}")
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_LIST_DEPTH:
+            raise ConfigError(f"depth={depth!r} must be a whole number from 1 to {MAX_LIST_DEPTH}")
         out: list[EntryInfo] = []
         level = [top]
         for _ in range(depth):

@@ -68,6 +68,7 @@ from .models import (
     DEFAULT_DISK_GB,
     DEFAULT_MEMORY_MB,
     DEFAULT_PIDS_MAX,
+    EntryInfo,
     ExecResult,
     OutputChunk,
     SandboxRecord,
@@ -118,6 +119,20 @@ class ExecStreamLike(Protocol):
     def __iter__(self) -> Iterator[OutputChunk]: ...
 
 
+class FilesLike(Protocol):
+    """What the API uses of ``sb.files`` (sandbox_rt/files.py)."""
+
+    def list(self, path: str, depth: int = 1) -> builtins.list[EntryInfo]: ...
+
+    def stat(self, path: str, *, follow_symlinks: bool = True) -> EntryInfo: ...
+
+    def remove(self, path: str, *, recursive: bool = False) -> None: ...
+
+    def mkdir(self, path: str, *, parents: bool = True, mode: int = 0o755) -> bool: ...
+
+    def rename(self, src: str, dst: str) -> EntryInfo: ...
+
+
 class SandboxLike(Protocol):
     @property
     def id(self) -> str: ...
@@ -153,6 +168,9 @@ class SandboxLike(Protocol):
     def set_egress(self, egress: Sequence[str]) -> tuple[str, ...]: ...
 
     def extend(self, ttl_s: int) -> None: ...
+
+    @property
+    def files(self) -> FilesLike: ...
 
     def status(self) -> SandboxStatus: ...
 
@@ -311,6 +329,8 @@ _FILE_ERRNO: dict[int, tuple[int, str]] = {
     errno.EDQUOT: (507, "insufficient_storage"),
     errno.EFBIG: (413, "file_too_large"),
     errno.EINVAL: (409, "file_conflict"),  # not a regular file (a device, FIFO or socket)
+    errno.ENOTEMPTY: (409, "file_conflict"),  # a directory removed without recursive
+    errno.E2BIG: (413, "too_many_entries"),  # a listing past its bound
 }
 
 
@@ -441,6 +461,8 @@ INTERNET_FIELDS: dict[str, tuple[str, bool]] = {"enabled": ("boolean", False)}
 EGRESS_FIELDS: dict[str, tuple[str, bool]] = {"egress": ("string_list", False)}
 SNAPSHOT_FIELDS: dict[str, tuple[str, bool]] = {"name": ("string", False)}
 EXTEND_FIELDS: dict[str, tuple[str, bool]] = {"ttl_s": ("integer", False)}
+MKDIR_FIELDS: dict[str, tuple[str, bool]] = {"path": ("string", False), "parents": ("boolean", False)}
+RENAME_FIELDS: dict[str, tuple[str, bool]] = {"src": ("string", False), "dst": ("string", False)}
 ENCODINGS = ("utf-8", "base64")
 
 
@@ -568,6 +590,11 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/sandboxes/{id}/exec", "exec"),
     Route("GET", "/v1/sandboxes/{id}/files", "read_file"),
     Route("PUT", "/v1/sandboxes/{id}/files", "write_file"),
+    Route("DELETE", "/v1/sandboxes/{id}/files", "remove_file"),
+    Route("GET", "/v1/sandboxes/{id}/files/list", "list_files"),
+    Route("GET", "/v1/sandboxes/{id}/files/stat", "stat_file"),
+    Route("POST", "/v1/sandboxes/{id}/files/mkdir", "mkdir"),
+    Route("POST", "/v1/sandboxes/{id}/files/rename", "rename_file"),
     Route("POST", "/v1/sandboxes/{id}/internet", "internet"),
     Route("PUT", "/v1/sandboxes/{id}/egress", "egress"),
     Route("POST", "/v1/sandboxes/{id}/snapshots", "snapshot"),
@@ -1250,13 +1277,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._read_body()
         self._send_json(200, status_json(self.app.cache.get(id).status()))
 
+    def _send_no_content(self) -> None:
+        self.send_response(204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def _h_delete(self, id: str) -> None:
         self._read_body()
         self.app.cache.drop(id)
         self.app.manager.destroy(id)
-        self.send_response(204)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
+        self._send_no_content()
 
     def _h_internet(self, id: str) -> None:
         body = self._json_body("internet")
@@ -1299,9 +1329,55 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _h_delete_snapshot(self, name: str) -> None:
         self._read_body()
         self.app.manager.delete_snapshot(check_snapshot_name(name))
-        self.send_response(204)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
+        self._send_no_content()
+
+    def _flag(self, params: Mapping[str, builtins.list[str]], name: str, default: bool) -> bool:
+        values = params.get(name)
+        if not values:
+            return default
+        if len(values) > 1 or values[0] not in ("true", "false"):
+            raise ConfigError(f"query parameter {name!r} must be given once, as true or false")
+        return values[0] == "true"
+
+    def _h_list_files(self, id: str) -> None:
+        self._read_body()
+        params = self._query_params({"path", "depth"})
+        path = self._path_param(params)
+        depth_text = (params.get("depth") or ["1"])[-1]
+        if len(params.get("depth") or []) > 1 or not depth_text.isdigit():
+            raise ConfigError(f"query parameter depth={depth_text!r:.30} must be a whole number, given once")
+        entries = self.app.cache.get(id).files.list(path, int(depth_text))
+        self._send_json(200, {"entries": [dataclasses.asdict(e) for e in entries]})
+
+    def _h_stat_file(self, id: str) -> None:
+        self._read_body()
+        params = self._query_params({"path", "follow_symlinks"})
+        follow = self._flag(params, "follow_symlinks", True)
+        info = self.app.cache.get(id).files.stat(self._path_param(params), follow_symlinks=follow)
+        self._send_json(200, dataclasses.asdict(info))
+
+    def _h_remove_file(self, id: str) -> None:
+        self._read_body()
+        params = self._query_params({"path", "recursive"})
+        recursive = self._flag(params, "recursive", False)
+        self.app.cache.get(id).files.remove(self._path_param(params), recursive=recursive)
+        self._send_no_content()
+
+    def _h_mkdir(self, id: str) -> None:
+        body = self._json_body("mkdir")
+        _check_body(body, MKDIR_FIELDS, "mkdir")
+        if "path" not in body:
+            raise ConfigError("field 'path' is required (an absolute path in the sandbox)")
+        created = self.app.cache.get(id).files.mkdir(body["path"], parents=body.get("parents", True))
+        self._send_json(200, {"path": body["path"], "created": created})
+
+    def _h_rename_file(self, id: str) -> None:
+        body = self._json_body("rename")
+        _check_body(body, RENAME_FIELDS, "rename")
+        if "src" not in body or "dst" not in body:
+            raise ConfigError("fields 'src' and 'dst' are required (absolute paths in the sandbox)")
+        info = self.app.cache.get(id).files.rename(body["src"], body["dst"])
+        self._send_json(200, dataclasses.asdict(info))
 
     def _h_read_file(self, id: str) -> None:
         self._read_body()

@@ -15,6 +15,7 @@ from typing import Any
 
 from . import __version__
 from .caps import MAX_DISK_IOPS, MAX_DISK_MBPS, MAX_NET_MBPS
+from .files import MAX_LIST_DEPTH
 from .limits import DEFAULT_MAX_OUTPUT, HTTP_LIMITS
 from .models import DEFAULT_CPUS, DEFAULT_DISK_GB, DEFAULT_MEMORY_MB, DEFAULT_PIDS_MAX, DEFAULT_TEMPLATE
 from .validation import MAX_DISK_GB, MAX_PIDS_MAX, MAX_TTL_S, MIN_MEMORY_MB, MIN_PIDS_MAX, TEMPLATE_NAME
@@ -496,12 +497,68 @@ _SCHEMAS: dict[str, Any] = {
         "required": ["id", "internet"],
         "properties": {"id": _SANDBOX_ID, "internet": {"type": "boolean"}},
     },
+    "EntryInfo": {
+        "type": "object",
+        "description": "A file system entry of the sandbox, every field checked on the host.",
+        "required": ["name", "path", "type", "size", "mode", "mtime", "symlink_target"],
+        "properties": {
+            "name": {"type": "string", "description": "One path component."},
+            "path": {"type": "string"},
+            "type": {"enum": ["file", "dir", "symlink", "other"]},
+            "size": {"type": "integer", "minimum": 0},
+            "mode": {"type": "integer", "minimum": 0, "maximum": 4095, "description": "Permission bits."},
+            "mtime": {"type": "number"},
+            "symlink_target": {"type": ["string", "null"]},
+        },
+    },
+    "EntryList": {
+        "type": "object",
+        "required": ["entries"],
+        "properties": {"entries": {"type": "array", "items": _ref("EntryInfo")}},
+    },
+    "MkdirRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["path"],
+        "properties": {
+            "path": {"type": "string", "pattern": "^/"},
+            "parents": {"type": "boolean", "default": True},
+        },
+    },
+    "MkdirResult": {
+        "type": "object",
+        "required": ["path", "created"],
+        "properties": {
+            "path": {"type": "string"},
+            "created": {"type": "boolean", "description": "False: it was there already."},
+        },
+    },
+    "RenameRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["src", "dst"],
+        "properties": {name: {"type": "string", "pattern": "^/"} for name in ("src", "dst")},
+    },
     "FileWritten": {
         "type": "object",
         "required": ["path", "size"],
         "properties": {"path": {"type": "string"}, "size": {"type": "integer", "minimum": 0}},
     },
 }
+
+def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+def _flag_param(name: str, default: bool, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": {"type": "string", "enum": ["true", "false"], "default": str(default).lower()},
+    }
+
 
 _ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": _SANDBOX_ID}
 _PATH_PARAM = {
@@ -662,6 +719,74 @@ _PATHS: dict[str, Any] = {
             "responses": {
                 "200": _json(_ref("FileWritten"), "Written."),
                 **_errors("400", "401", "403", "404", "409", "411", "413", "502", "507"),
+            },
+        },
+        "delete": {
+            "operationId": "removeFile",
+            "summary": "Remove a file, a symlink (not its target) or a directory; absent is fine",
+            "parameters": [
+                _PATH_PARAM,
+                _flag_param("recursive", False, "Remove a directory with everything in it."),
+            ],
+            "responses": {
+                "204": {"description": "Gone."},
+                **_errors("400", "401", "403", "404", "409", "502"),
+            },
+        },
+    },
+    "/v1/sandboxes/{id}/files/list": {
+        "parameters": [_ID_PARAM],
+        "get": {
+            "operationId": "listFiles",
+            "summary": "A directory's entries, depth levels deep, sorted by path (symlinks not followed)",
+            "parameters": [
+                {**_PATH_PARAM, "description": "Absolute path of the directory."},
+                {
+                    "name": "depth",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_DEPTH, "default": 1},
+                },
+            ],
+            "responses": {
+                "200": _json(_ref("EntryList"), "The entries."),
+                **_errors("400", "401", "403", "404", "409", "413", "502"),
+            },
+        },
+    },
+    "/v1/sandboxes/{id}/files/stat": {
+        "parameters": [_ID_PARAM],
+        "get": {
+            "operationId": "statFile",
+            "summary": "One entry",
+            "parameters": [_PATH_PARAM, _flag_param("follow_symlinks", True, "Report a link's target.")],
+            "responses": {
+                "200": _json(_ref("EntryInfo"), "The entry."),
+                **_errors("400", "401", "403", "404", "409", "502"),
+            },
+        },
+    },
+    "/v1/sandboxes/{id}/files/mkdir": {
+        "parameters": [_ID_PARAM],
+        "post": {
+            "operationId": "makeDirectory",
+            "summary": "Make a directory (and its parents unless parents=false)",
+            "requestBody": _json_body(_ref("MkdirRequest")),
+            "responses": {
+                "200": _json(_ref("MkdirResult"), "There now."),
+                **_errors("400", "401", "403", "404", "409", "502", "507"),
+            },
+        },
+    },
+    "/v1/sandboxes/{id}/files/rename": {
+        "parameters": [_ID_PARAM],
+        "post": {
+            "operationId": "renameFile",
+            "summary": "Move src to dst (a file at dst is replaced)",
+            "requestBody": _json_body(_ref("RenameRequest")),
+            "responses": {
+                "200": _json(_ref("EntryInfo"), "The entry at dst."),
+                **_errors("400", "401", "403", "404", "409", "502"),
             },
         },
     },

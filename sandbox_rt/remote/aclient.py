@@ -27,6 +27,7 @@ from ..models import (
 )
 from . import calls, error_map, events, wire
 from .error_map import ErrorContext
+from .files import AsyncRemoteFiles
 from .wire import Call
 
 __all__ = ["AsyncClient", "AsyncRemoteExecStream", "AsyncRemoteSandbox"]
@@ -247,6 +248,8 @@ class AsyncRemoteSandbox:
         self._client = client
         self._status = status
         self._destroyed = False
+        # the file primitives (E2B's sb.files), through the same client
+        self.files = AsyncRemoteFiles(status.id, client._send, self._alive)
 
     @property
     def id(self) -> str:

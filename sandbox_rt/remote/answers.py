@@ -17,8 +17,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ..errors import BackendError, ConfigError
+from ..limits import MAX_NAME_BYTES
 from ..models import (
     DEFAULT_TEMPLATE,
+    EntryInfo,
     ExecResult,
     ResourceUsage,
     SandboxRecord,
@@ -32,9 +34,12 @@ __all__ = [
     "bad_answer",
     "decode_json",
     "parse_egress",
+    "parse_entry",
+    "parse_entry_list",
     "parse_exec_result",
     "parse_internet",
     "parse_list",
+    "parse_mkdir",
     "parse_record",
     "parse_snapshot",
     "parse_snapshot_list",
@@ -129,6 +134,14 @@ def read_sandbox_id(value: Any, what: str, expect: str | None = None) -> str:
     return text
 
 
+def read_array(data: Mapping[str, Any], key: str, what: str, limit: int, noun: str) -> list[Any]:
+    """Member ``key`` of ``data``: an array of at most ``limit`` items (each still to be checked)."""
+    items = read_member(data, key, what)
+    if not isinstance(items, list) or len(items) > limit:
+        raise bad_answer(f"{what} is not an array of at most {limit} {noun}")
+    return items
+
+
 def read_labels(value: Any, what: str) -> dict[str, str]:
     data = read_object(value, what)
     if len(data) > 256:
@@ -220,9 +233,7 @@ def read_template(value: Any, what: str) -> str:
 def parse_templates(value: Any) -> list[str]:
     """``GET /v1/templates``: the names create() may use (``default`` first)."""
     data = read_object(value, "the template list")
-    items = read_member(data, "templates", "the template list")
-    if not isinstance(items, list) or len(items) > MAX_TEMPLATES:
-        raise bad_answer(f"the template list is not an array of at most {MAX_TEMPLATES} names")
+    items = read_array(data, "templates", "the template list", MAX_TEMPLATES, "names")
     return [read_template(item, "templates[]") for item in items]
 
 
@@ -261,9 +272,7 @@ def parse_record(value: Any) -> SandboxRecord:
 
 def parse_list(value: Any, labels: Mapping[str, str]) -> list[SandboxRecord]:
     data = read_object(value, "the list")
-    items = read_member(data, "sandboxes", "the list")
-    if not isinstance(items, list) or len(items) > MAX_LIST_ENTRIES:
-        raise bad_answer(f"the list is not an array of at most {MAX_LIST_ENTRIES} sandboxes")
+    items = read_array(data, "sandboxes", "the list", MAX_LIST_ENTRIES, "sandboxes")
     records = [parse_record(item) for item in items]
     for r in records:  # what was asked for: a server that ignores the filter must not widen it
         if any(r.spec.labels.get(k) != v for k, v in labels.items()):
@@ -315,12 +324,62 @@ def parse_snapshot(value: Any, name: str, source_id: str | None) -> SnapshotInfo
     )
 
 
+_ENTRY_TYPES = ("file", "dir", "symlink", "other")
+MAX_PATH = 4096
+
+
+def _read_remote_path(value: Any, what: str) -> str:
+    text = read_str(value, what, MAX_PATH)
+    if not text.startswith("/") or "\x00" in text:
+        raise bad_answer(f"{what} {text!r:.60} is not an absolute path")
+    return text
+
+
+def parse_entry(value: Any, what: str = "the entry") -> EntryInfo:
+    """A file system entry the server reports (``sb.files.stat``/``list``), every field checked."""
+    data = read_object(value, what)
+
+    def get(name: str) -> Any:
+        return read_member(data, name, what)
+
+    name = read_str(get("name"), f"{what}.name", MAX_NAME_BYTES)
+    path = _read_remote_path(get("path"), f"{what}.path")
+    if name != "/" and (name in ("", ".", "..") or "/" in name or "\x00" in name):
+        raise bad_answer(f"{what}.name {name!r:.60} is not one path component")
+    kind = read_str(get("type"), f"{what}.type", 16)
+    if kind not in _ENTRY_TYPES:
+        raise bad_answer(f"{what}.type {kind!r} is not one of {', '.join(_ENTRY_TYPES)}")
+    mode = read_int(get("mode"), f"{what}.mode")
+    if mode > 0o7777:
+        raise bad_answer(f"{what}.mode {mode} is more than permission bits")
+    target = data.get("symlink_target")
+    return EntryInfo(
+        name=name,
+        path=path,
+        type=kind,  # type: ignore[arg-type]  # checked against the literal's values above
+        size=read_int(get("size"), f"{what}.size"),
+        mode=mode,
+        mtime=read_num(get("mtime"), f"{what}.mtime"),
+        symlink_target=None if target is None else read_str(target, f"{what}.symlink_target", MAX_PATH),
+    )
+
+
+def parse_entry_list(value: Any, max_entries: int) -> list[EntryInfo]:
+    """``GET .../files/list``: at most ``max_entries`` entries, each checked."""
+    data = read_object(value, "the listing")
+    items = read_array(data, "entries", "the listing", max_entries, "entries")
+    return [parse_entry(item, "an entry") for item in items]
+
+
+def parse_mkdir(value: Any) -> bool:
+    data = read_object(value, "the mkdir answer")
+    return read_bool(read_member(data, "created", "the mkdir answer"), "mkdir.created")
+
+
 def parse_snapshot_list(value: Any) -> list[SnapshotInfo]:
     """``GET /v1/snapshots``: each entry checked as the snapshot answer is (any source, any name)."""
     data = read_object(value, "the snapshot list")
-    items = read_member(data, "snapshots", "the snapshot list")
-    if not isinstance(items, list) or len(items) > MAX_LIST_ENTRIES:
-        raise bad_answer(f"the snapshot list is not an array of at most {MAX_LIST_ENTRIES} snapshots")
+    items = read_array(data, "snapshots", "the snapshot list", MAX_LIST_ENTRIES, "snapshots")
     out = []
     for item in items:
         entry = read_object(item, "a snapshot")

@@ -11,11 +11,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
+from ..files import LIST_MAX_ENTRIES, MAX_LIST_DEPTH
 from ..http_api import _check_token as check_token  # the server's token rules, reused
 from ..http_api import _is_loopback as is_loopback
 from ..http_api import load_token
 from ..limits import DEFAULT_READ_MAX_BYTES
-from ..models import ExecResult, SandboxRecord, SandboxStatus, SnapshotInfo
+from ..models import EntryInfo, ExecResult, SandboxRecord, SandboxStatus, SnapshotInfo
 from ..validation import MAX_TTL_S, check_max_bytes, check_remote_path, check_sandbox_id, check_snapshot_name
 from . import answers, wire
 from .error_map import ErrorContext
@@ -282,4 +283,72 @@ def delete_snapshot(name: str) -> Call[None]:
         204,
         lambda _raw: None,
         ErrorContext(snapshot=name),
+    )
+
+
+# -- files (the server's sb.files) -------------------------------------------------------------------
+_LIST_ANSWER_BYTES = LIST_MAX_ENTRIES * 8 << 10  # entries of at most a few KiB each (names, paths)
+
+
+def list_files(sandbox_id: str, path: str, depth: int) -> Call[builtins.list[EntryInfo]]:
+    check_remote_path(path)
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_LIST_DEPTH:
+        raise ConfigError(f"depth={depth!r} must be a whole number from 1 to {MAX_LIST_DEPTH}")
+    return Call(
+        "GET",
+        wire.sandbox_path(sandbox_id, "/files/list"),
+        200,
+        lambda raw: answers.parse_entry_list(answers.decode_json(raw, "the listing"), LIST_MAX_ENTRIES),
+        ErrorContext(sandbox_id=sandbox_id, path=path),
+        params=[("path", path), ("depth", str(depth))],
+        max_bytes=_LIST_ANSWER_BYTES,
+    )
+
+
+def stat_file(sandbox_id: str, path: str, follow_symlinks: bool) -> Call[EntryInfo]:
+    check_remote_path(path)
+    return Call(
+        "GET",
+        wire.sandbox_path(sandbox_id, "/files/stat"),
+        200,
+        lambda raw: answers.parse_entry(answers.decode_json(raw, "the entry")),
+        ErrorContext(sandbox_id=sandbox_id, path=path),
+        params=[("path", path), ("follow_symlinks", "true" if follow_symlinks else "false")],
+    )
+
+
+def remove_file(sandbox_id: str, path: str, recursive: bool) -> Call[None]:
+    check_remote_path(path)
+    return Call(
+        "DELETE",
+        wire.sandbox_path(sandbox_id, "/files"),
+        204,
+        lambda _raw: None,
+        ErrorContext(sandbox_id=sandbox_id, path=path),
+        params=[("path", path), ("recursive", "true" if recursive else "false")],
+    )
+
+
+def mkdir(sandbox_id: str, path: str, parents: bool) -> Call[bool]:
+    check_remote_path(path)
+    return Call(
+        "POST",
+        wire.sandbox_path(sandbox_id, "/files/mkdir"),
+        200,
+        lambda raw: answers.parse_mkdir(answers.decode_json(raw, "the mkdir answer")),
+        ErrorContext(sandbox_id=sandbox_id, path=path),
+        json={"path": path, "parents": bool(parents)},
+    )
+
+
+def rename_file(sandbox_id: str, src: str, dst: str) -> Call[EntryInfo]:
+    check_remote_path(src, "src")
+    check_remote_path(dst, "dst")
+    return Call(
+        "POST",
+        wire.sandbox_path(sandbox_id, "/files/rename"),
+        200,
+        lambda raw: answers.parse_entry(answers.decode_json(raw, "the entry")),
+        ErrorContext(sandbox_id=sandbox_id, path=src),
+        json={"src": src, "dst": dst},
     )

@@ -26,6 +26,7 @@ from ..models import (
 )
 from . import calls, error_map, events, wire
 from .error_map import ErrorContext
+from .files import RemoteFiles
 from .wire import Call
 
 __all__ = ["Client", "RemoteExecStream", "RemoteSandbox"]
@@ -259,6 +260,8 @@ class RemoteSandbox:
         self._client = client
         self._status = status
         self._destroyed = False
+        # the file primitives (E2B's sb.files), through the same client
+        self.files = RemoteFiles(status.id, client._send, self._alive)
 
     # -- identity --------------------------------------------------------------------------------
     @property

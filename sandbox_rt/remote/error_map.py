@@ -63,6 +63,7 @@ _FILE_CODES = {
     "insufficient_storage": errno.ENOSPC,
     "file_too_large": errno.EFBIG,
     "file_error": errno.EIO,
+    "too_many_entries": errno.E2BIG,
 }
 
 

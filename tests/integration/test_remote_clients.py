@@ -238,3 +238,30 @@ def test_remote_extend_and_snapshots_reach_the_real_sandbox(
         assert name not in {s.name for s in manager.list_snapshots()}
         with pytest.raises(sandbox_rt.SnapshotNotFound):
             client.delete_snapshot(name)
+
+
+def test_remote_files_on_a_real_sandbox(api: tuple[str, Path], manager: sandbox_rt.Manager) -> None:
+    """sb.files over HTTP against a real sandbox, including a link the sandbox planted."""
+    url, token_file = api
+    with (
+        remote.Client(url, token_file=token_file) as client,
+        client.create(memory_mb=512, labels=LABEL) as sb,
+    ):
+        home = "/home/sandbox"
+        assert sb.files.mkdir(f"{home}/w/x") is True and sb.files.mkdir(f"{home}/w/x") is False
+        assert sb.files.write(f"{home}/w/x/n.txt", b"12345").size == 5
+        sb.exec(f"ln -s /etc/shadow {home}/w/link", check=True)
+        listed = {e.path: e for e in sb.files.list(f"{home}/w", depth=2)}
+        assert set(listed) == {f"{home}/w/x", f"{home}/w/x/n.txt", f"{home}/w/link"}
+        link = listed[f"{home}/w/link"]
+        assert (link.type, link.symlink_target) == ("symlink", "/etc/shadow")
+        assert sb.files.stat(f"{home}/w/link", follow_symlinks=False).type == "symlink"
+        moved = sb.files.rename(f"{home}/w/x/n.txt", f"{home}/m.txt")
+        assert (moved.path, moved.size) == (f"{home}/m.txt", 5)
+        sb.files.remove(f"{home}/w/link")  # the link, never its target
+        assert not sb.files.exists(f"{home}/w/link")
+        with pytest.raises(sandbox_rt.FileOperationError):
+            sb.files.remove(f"{home}/w")  # not empty
+        sb.files.remove(f"{home}/w", recursive=True)
+        assert not sb.files.exists(f"{home}/w") and sb.files.read(f"{home}/m.txt") == b"12345"
+        assert sb.exec("test -e /etc/shadow").exit_code == 0
