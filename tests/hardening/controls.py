@@ -203,7 +203,7 @@ CONTROLS: tuple[Control, ...] = (
        "(UDP and TCP) is unreachable (stricter than the seed's DNS for all: DESIGN.md section 3)",
        ("7.net.dns", "3.4.dns"), _NFT + " (input: from_sandbox; forward)",
        "roles/sandbox_network/templates/dnsmasq.conf.j2",
-       "sandbox_rt/backends/proxmox.py (PVE: the CT firewall's internet rules)"),
+       "sandbox_rt/backends/proxmox/firewall.py (PVE: the CT firewall's internet rules)"),
     _c("SBX-NET-12", "no IPv6 egress",
        "IPv6 off on the bridge, dropped in forward/input, no global address or route in the sandbox, "
        "container root cannot add one",

@@ -220,7 +220,7 @@ def node_network(node: PVENode) -> Iterator[NodeSimNet]:
 
 class PveInternetGate:
     """The pve-node site's stand-in for the ``internet_allowed`` set: on PVE a sandbox's internet is
-    its CT firewall's rules (``backends/proxmox.py``), read through the runtime."""
+    its CT firewall's rules (``backends/proxmox/firewall.py``), read through the runtime."""
 
     set_name = "the CT firewall's internet rules"
 

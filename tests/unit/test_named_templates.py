@@ -15,7 +15,8 @@ from test_manager_cleanup import FakeBackend, _key
 
 from sandbox_rt import ConfigError, Manager, Settings
 from sandbox_rt.backends.lxc import LxcBackend
-from sandbox_rt.backends.proxmox import ProxmoxBackend, _snapshot_template
+from sandbox_rt.backends.proxmox import ProxmoxBackend
+from sandbox_rt.backends.proxmox.description import snapshot_template
 from sandbox_rt.backends.records import spec_from_json, spec_to_json, updated_record
 from sandbox_rt.cli import _parser
 from sandbox_rt.errors import BackendError
@@ -203,7 +204,7 @@ def test_pve_snapshots_carry_the_template_to_forks(pve: Any) -> None:
     ],
 )
 def test_pve_snapshot_template_from_its_description(description: str, template: str) -> None:
-    assert _snapshot_template(description) == template
+    assert snapshot_template(description) == template
 
 
 # -- the front doors ---------------------------------------------------------------------------------

@@ -1,0 +1,350 @@
+
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import functools
+import ipaddress
+import math
+import re
+from typing import Any
+
+from ...errors import (
+    BackendError,
+    ConfigError,
+    SandboxNotFound,
+)
+from ...filelock import file_lock
+from ...ipam import mac_for_ip
+from ...models import DEFAULT_TEMPLATE, ResourceUsage, SandboxRecord, SandboxSpec
+from .. import vmids
+from ..base import GcCandidate
+from ..owner import owner_alive
+from ..records import ROOT_ENV, new_record, updated_record
+from .core import pve_bool
+from .description import TAG, sandbox_id_tag, tags_of
+from .firewall import PveFirewall
+from .snapshots import PveSnapshots
+
+__all__ = ["ProxmoxBackend"]
+
+_EXISTS = re.compile(r"already exists", re.I)
+_CLONE_ATTEMPTS = 12  # VMIDs tried per clone (each lost race spreads the next pick wider)
+
+
+def _cores(spec: SandboxSpec) -> int:
+    """PVE's ``cores`` for ``spec.cpus`` (whole CPUs, at least one; ``cpulimit`` holds the fraction)."""
+    return max(1, math.ceil(spec.cpus))
+
+
+class ProxmoxBackend(PveFirewall, PveSnapshots):
+    """Sandboxes on a Proxmox VE host or cluster (the API calls: core.py; the CT firewall:
+    firewall.py; snapshots: snapshots.py)."""
+
+    # -- templates -------------------------------------------------------------------------------
+    def _template_vmid(self, template: str) -> int:
+        """The VMID of the named template (``default``: the host contract's ``pve_template_vmid``)."""
+        if template == DEFAULT_TEMPLATE:
+            return self.settings.pve_template_vmid
+        try:
+            return self.settings.pve_templates[template]
+        except KeyError:
+            known = ", ".join(self.settings.template_names())
+            raise ConfigError(f"unknown template {template!r}; this host has: {known}") from None
+
+    def _template_location(self, vmid: int) -> str:
+        if self.settings.pve_node:
+            return self.settings.pve_node
+        if vmid not in self._template_nodes:
+            for r in self._resources():
+                if int(r["vmid"]) == vmid:
+                    self._template_nodes[vmid] = str(r["node"])
+                    break
+            else:
+                raise BackendError(
+                    f"template CT {vmid} not found (or the token may not audit it)", step="clone"
+                )
+        return self._template_nodes[vmid]
+
+    # -- addresses -------------------------------------------------------------------------------
+    def _addresses_in_use(self) -> set[str]:
+        used: set[str] = set()
+        for r in self._ours():
+            for tag in tags_of(r.get("tags")):
+                if tag.startswith("ip-"):
+                    used.add(tag[3:])
+        return used
+
+    def _address_lock(self) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self.state_dir / "ipam.lock")
+
+    def _pick_address(self, vmid: int, used: set[str]) -> str:
+        start = int(ipaddress.IPv4Address(self.settings.ip_pool_start))
+        end = int(ipaddress.IPv4Address(self.settings.ip_pool_end))
+        span = end - start + 1
+        reserved = {
+            self.settings.gateway,
+            self.settings.dns_server,
+            str(self.net.network_address),
+            str(self.net.broadcast_address),
+        }
+        for probe in range(span):
+            ip = str(ipaddress.IPv4Address(end - ((vmid + probe) % span)))
+            if ip not in used and ip not in reserved:
+                return ip
+        raise BackendError("no free address left in the sandbox pool", step="address")
+
+    # -- create steps ----------------------------------------------------------------------------
+    def begin(self, sandbox_id: str) -> None:
+        self.markers.write(sandbox_id, vmid=None)
+
+    def end(self, sandbox_id: str) -> None:
+        if not (self.markers.read(sandbox_id) or {}).get("abandoned"):  # that one waits for gc
+            self.markers.remove(sandbox_id)
+
+    def clone(self, sandbox_id: str, spec: SandboxSpec) -> SandboxRecord:
+        return self._clone_from(sandbox_id, spec, None)
+
+    def _clone_from(
+        self, sandbox_id: str, spec: SandboxSpec, snapshot: tuple[str, int, str] | None
+    ) -> SandboxRecord:
+        """A linked clone of the template, or with ``snapshot`` (node, vmid, name) a full clone of
+        that CT's snapshot (PVE clones a CT that is not a template only in full)."""
+        self._check_egress(spec.egress)  # before anything is made
+        self._check_firewall_gate()
+        template_vmid = snapshot[1] if snapshot else self._template_vmid(spec.template)
+        node = snapshot[0] if snapshot else self._template_location(template_vmid)
+        template = self._ct(node, template_vmid)
+        draft = new_record(sandbox_id, spec, ip="", host_key="", backend=self.name)
+        hostname = draft.hostname
+
+        def request_clone(collisions: int) -> tuple[int, Any]:
+            # this process's callers take turns from nextid to the accepted request; a locked
+            # template is waited for outside the turn (_retrying's back-off)
+            with vmids.allocating(self.settings.pve_url):
+                vmid = vmids.candidate(int(self.api.cluster.nextid.get()), collisions)
+                self.markers.write(sandbox_id, vmid=vmid)
+                return vmid, template.clone.post(
+                    newid=vmid,
+                    hostname=hostname,
+                    pool=self.settings.pve_pool or None,
+                    full=pve_bool(snapshot is not None),
+                    snapname=snapshot[2] if snapshot else None,
+                    description=self._record_line(draft),
+                )
+
+        vmid = 0
+        collisions = 0
+        for _attempt in range(_CLONE_ATTEMPTS):
+            try:
+                vmid, upid = self._retrying(
+                    "clone", functools.partial(request_clone, collisions), vmid=template_vmid
+                )
+            except BackendError as exc:
+                if _EXISTS.search(str(exc)):
+                    collisions += 1
+                    continue  # another process took this VMID between nextid and clone
+                raise
+            # the CT is invisible to the token until its clone task puts it in the pool:
+            # a gc after our death waits for this task before looking for the CT
+            self.markers.write(sandbox_id, vmid=vmid, upid=str(upid))
+            self._wait(str(upid), "clone")
+            break
+        else:
+            raise BackendError(
+                f"no free VMID after {_CLONE_ATTEMPTS} attempts (nextid keeps colliding with other "
+                "callers' clones)",
+                step="clone",
+            )
+
+        with self._address_lock():
+            ip = self._pick_address(vmid, self._addresses_in_use())
+            record = dataclasses.replace(draft, ip=ip)
+            tags = [TAG, sandbox_id, f"ip-{ip}"]
+            if record.expires_at:
+                tags.append(f"exp-{int(record.expires_at)}")
+            net0 = self._net0(ip, spec)
+            config = {
+                "cores": _cores(spec),
+                "cpulimit": f"{spec.cpus:g}",
+                "memory": spec.memory_mb,
+                "swap": 0,
+                "net0": net0,
+                "tags": ";".join(tags),
+                "description": self._record_line(record),
+                "nameserver": self.settings.dns_server,
+            }
+            ct = self._ct(node, vmid)
+            if spec.root:  # PID 1's marker (backends/records.py)
+                config["env"] = ROOT_ENV
+            elif snapshot is not None and "env" in self._call("clone", lambda: ct.config.get()):
+                config["delete"] = "env"  # a full clone of a root sandbox's snapshot copied it
+            self._retrying("configure", lambda: ct.config.put(**config), vmid=vmid)
+        self._resize(node, vmid, spec.disk_gb)
+        if snapshot is not None:
+            self._drop_cloned_rules(node, vmid)  # PVE copied the source's firewall with the disk
+        self._setup_firewall(node, vmid)  # internet: the manager's set_internet after start (base.py)
+        return record
+
+    def _net0(self, ip: str, spec: SandboxSpec) -> str:
+        """The CT's NIC: its static address and MAC (bound to its port by the firewall's ipfilter and
+        macfilter) and its bandwidth: ``rate`` in MB/s as PVE counts them (2^20 bytes), from
+        ``net_mbps`` (10^6 bits); PVE's tc shapes everything through the NIC, SSH included."""
+        net0 = (
+            f"name=eth0,bridge={self.settings.bridge},ip={ip}/{self.net.prefixlen},"
+            f"gw={self.settings.gateway},hwaddr={mac_for_ip(ip).upper()},firewall=1"
+        )
+        if spec.net_mbps > 0:
+            net0 += f",rate={max(0.001, round(spec.net_mbps * 1e6 / 8 / (1 << 20), 3)):g}"
+        return net0
+
+    def _resize(self, node: str, vmid: int, disk_gb: int) -> None:
+        ct = self._ct(node, vmid)
+        conf = self._call("resize", lambda: ct.config.get())
+        m = re.search(r"size=(\d+(?:\.\d+)?)([KMGT]?)", str(conf.get("rootfs", "")))
+        if m:
+            factor = {"": 1 / 1024**3, "K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}[m.group(2)]
+            if float(m.group(1)) * factor >= disk_gb:
+                return  # linked clones can only grow; a template disk as large is enough
+        upid = self._retrying("resize", lambda: ct.resize.put(disk="rootfs", size=f"{disk_gb}G"), vmid=vmid)
+        if upid:
+            self._wait(str(upid), "resize")
+
+    def start(self, sandbox_id: str) -> SandboxRecord:
+        node, vmid = self._find(sandbox_id)
+        ct = self._ct(node, vmid)
+        upid = self._retrying("start", lambda: ct.status.start.post(), vmid=vmid)
+        self._wait(str(upid), "start")
+        return self.get(sandbox_id)
+
+    def stop(self, sandbox_id: str) -> None:
+        node, vmid = self._find(sandbox_id)
+        ct = self._ct(node, vmid)
+        upid = self._retrying("stop", lambda: ct.status.stop.post())
+        self._wait(str(upid), "stop")
+
+    def update(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
+        node, vmid = self._find(record.id)
+        new = updated_record(record, spec)
+        hostname = new.hostname
+        tags = [TAG, record.id, f"ip-{record.ip}"]
+        if new.expires_at:
+            tags.append(f"exp-{int(new.expires_at)}")
+        ct = self._ct(node, vmid)
+        conf = self._call("update", lambda: ct.config.get())
+        description = self._description(new, conf)
+        changes = {
+            "cores": _cores(spec),
+            "cpulimit": f"{spec.cpus:g}",
+            "memory": spec.memory_mb,
+            "net0": self._net0(record.ip, spec),  # a warm CT handed out with another net_mbps
+            "hostname": hostname,
+            "tags": ";".join(tags),
+            "description": description,
+        }
+        self._retrying("update", lambda: ct.config.put(**changes))
+        self._resize(node, vmid, spec.disk_gb)  # a warm CT handed out for a larger disk grows live
+        return new
+
+    def destroy(self, sandbox_id: str) -> bool:
+        """Remove the CT. If that fails, the create marker stays, flagged ``abandoned``: ``end``
+        keeps it, so ``gc`` finds the CT later even when it carries no tags yet."""
+        vmid: int | None = None
+        try:
+            try:
+                node, vmid = self._find(sandbox_id)
+            except SandboxNotFound:
+                upid = (self.markers.read(sandbox_id) or {}).get("upid")
+                if upid:  # a clone task of ours may still run (its CT invisible until it ends)
+                    with contextlib.suppress(BackendError):  # it failed or hung: PVE removes the CT
+                        self._wait(str(upid), "destroy")
+                vmid_hint = self._intent_vmid(sandbox_id)
+                if vmid_hint is None or not self._is_ours(vmid_hint, sandbox_id):
+                    self.markers.remove(sandbox_id)
+                    return False
+                node, vmid = vmid_hint
+            ct = self._ct(node, vmid)
+            upid = self._retrying("destroy", lambda: ct.delete(force=1, purge=1), vmid=vmid)
+            self._wait(str(upid), "destroy")
+        except BackendError:
+            old = self.markers.read(sandbox_id) or {}
+            self.markers.write(sandbox_id, vmid=vmid or old.get("vmid"), abandoned=True)
+            raise
+        self.markers.remove(sandbox_id)
+        return True
+
+    def _intent_vmid(self, sandbox_id: str) -> tuple[str, int] | None:
+        intent = self.markers.read(sandbox_id)
+        if not intent or not intent.get("vmid"):
+            return None
+        vmid = int(intent["vmid"])
+        for r in self._resources():
+            if int(r["vmid"]) == vmid:
+                return str(r["node"]), vmid
+        return None
+
+    # -- records ---------------------------------------------------------------------------------
+    def list(self) -> builtins.list[SandboxRecord]:
+        out: builtins.list[SandboxRecord] = []
+        seen: set[str] = set()
+        for r in self._ours():
+            sid = sandbox_id_tag(tags_of(r.get("tags")))
+            if sid and sid not in seen:  # a fork being made carries its source's id for a moment
+                seen.add(sid)
+                with contextlib.suppress(SandboxNotFound, BackendError):
+                    out.append(self.get(sid))
+        return out
+
+    def _current(self, sandbox_id: str) -> dict[str, Any]:
+        node, vmid = self._find(sandbox_id)
+        return dict(self._call("status", lambda: self._ct(node, vmid).status.current.get()))
+
+    def state(self, sandbox_id: str) -> str:
+        try:
+            return str(self._current(sandbox_id).get("status", "unknown"))
+        except SandboxNotFound:
+            return "absent"
+
+    def uptime_s(self, sandbox_id: str) -> float | None:
+        up = self._current(sandbox_id).get("uptime")
+        return float(up) if up is not None else None
+
+    def usage(self, sandbox_id: str) -> ResourceUsage:
+        cur = self._current(sandbox_id)
+        mem, disk = cur.get("mem"), cur.get("disk")
+        return ResourceUsage(
+            memory_bytes=int(mem) if mem is not None else None,
+            disk_bytes=int(disk) if disk is not None else None,
+        )
+
+    # -- garbage collection ----------------------------------------------------------------------
+    def gc_candidates(self, *, now: float, dead_owners: bool) -> builtins.list[GcCandidate]:
+        live, found = self.markers.sweep()
+        for sid in builtins.list(live):  # a create that returned, but whose cleanup failed
+            if (self.markers.read(sid) or {}).get("abandoned"):
+                live.discard(sid)
+                found[sid] = "removal failed earlier"
+        for r in self._ours():
+            tags = tags_of(r.get("tags"))
+            tag_id = sandbox_id_tag(tags)
+            if tag_id is None or tag_id in found or tag_id in live:
+                continue
+            sid = tag_id
+            exp = next((int(t[4:]) for t in tags if re.fullmatch(r"exp-\d+", t)), None)
+            if exp is not None and exp <= now:
+                found[sid] = "expired"
+            elif dead_owners:
+                with contextlib.suppress(BackendError, SandboxNotFound):
+                    node, vmid = str(r["node"]), int(r["vmid"])
+                    conf = self._call("gc", lambda n=node, v=vmid: self._ct(n, v).config.get())  # type: ignore[misc]
+                    rec = self._parse_record(str(conf.get("description", ""))) or {}
+                    if not owner_alive(
+                        int(rec.get("owner_pid", 0)),
+                        rec.get("owner_start_time"),
+                        str(rec.get("owner_host", "")),
+                    ):
+                        found[sid] = "owner process died"
+        return [GcCandidate(sid, reason) for sid, reason in sorted(found.items())]
+
