@@ -177,6 +177,12 @@ class Settings:
         named = self.pve_templates if self.backend == "proxmox" else self.templates
         return [DEFAULT_TEMPLATE, *sorted(named)]
 
+    def check_template(self, name: str) -> None:
+        """ConfigError naming the known templates unless this host has template ``name``."""
+        known = self.template_names()
+        if name not in known:
+            raise ConfigError(f"unknown template {name!r}; this host has: {', '.join(known)}")
+
     def _validate_proxmox(self) -> None:
         if not self.pve_url.startswith("https://"):
             raise ConfigError(f"pve_url={self.pve_url!r} must be an https:// URL of the PVE API")

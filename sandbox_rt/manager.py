@@ -108,7 +108,7 @@ class Manager:
             base.setdefault("disk_mbps", self.settings.default_disk_mbps)
             base.setdefault("disk_iops", self.settings.default_disk_iops)
             pool_base = make_spec(**base)  # a bad pool spec fails here, before any thread starts
-            self._check_template(pool_base.template)
+            self.settings.check_template(pool_base.template)
             self._pool_template = pool_base.template
             self.key  # noqa: B018 - a missing key fails here too
             self.pool = WarmPool(pool_size, lambda: self._create_cold(pool_base, None))
@@ -201,7 +201,7 @@ class Manager:
             root=root,
             template=DEFAULT_TEMPLATE if template is None else template,
         )
-        self._check_template(spec.template)
+        self.settings.check_template(spec.template)
         if from_snapshot is not None:  # a fork is never a warm-pool sandbox
             check_snapshot_name(from_snapshot)
             snapshot_backend(self.backend)
@@ -220,11 +220,6 @@ class Manager:
     def templates(self) -> builtins.list[str]:
         """The template names ``create(template=...)`` takes on this host (``default`` first)."""
         return self.settings.template_names()
-
-    def _check_template(self, name: str) -> None:
-        known = self.settings.template_names()
-        if name not in known:
-            raise ConfigError(f"unknown template {name!r}; this host has: {', '.join(known)}")
 
     def _hand_out(self, sb: Sandbox, spec: SandboxSpec) -> Sandbox:
         """Give a warm sandbox the request's limits, name, labels and TTL, then internet."""

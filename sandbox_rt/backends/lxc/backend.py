@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...config import Settings
-from ...errors import BackendError, ConfigError, SandboxNotFound
+from ...errors import BackendError, SandboxNotFound
 from ...ipam import IpPool, mac_for_ip
 from ...models import DEFAULT_TEMPLATE, ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
 from ...validation import SANDBOX_ID
@@ -136,13 +136,10 @@ class LxcBackend:
 
     def _template_dir(self, template: str) -> Path:
         """The container dir of the named template (``default``: the host contract's ``template``)."""
+        self.settings.check_template(template)
         if template == DEFAULT_TEMPLATE:
             return self.path / self.settings.template
-        try:
-            return self.path / self.settings.templates[template]
-        except KeyError:
-            known = ", ".join(self.settings.template_names())
-            raise ConfigError(f"unknown template {template!r}; this host has: {known}") from None
+        return self.path / self.settings.templates[template]
 
     def _template_rootfs(self, template: str) -> Path:
         value = config_value(config_lines(self._template_dir(template)), "lxc.rootfs.path") or ""

@@ -13,7 +13,6 @@ from typing import Any
 
 from ...errors import (
     BackendError,
-    ConfigError,
     SandboxNotFound,
 )
 from ...filelock import file_lock
@@ -46,13 +45,10 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
     # -- templates -------------------------------------------------------------------------------
     def _template_vmid(self, template: str) -> int:
         """The VMID of the named template (``default``: the host contract's ``pve_template_vmid``)."""
+        self.settings.check_template(template)
         if template == DEFAULT_TEMPLATE:
             return self.settings.pve_template_vmid
-        try:
-            return self.settings.pve_templates[template]
-        except KeyError:
-            known = ", ".join(self.settings.template_names())
-            raise ConfigError(f"unknown template {template!r}; this host has: {known}") from None
+        return self.settings.pve_templates[template]
 
     def _template_location(self, vmid: int) -> str:
         if self.settings.pve_node:

@@ -230,7 +230,10 @@ class PveCore:
         return host_key_of(description)
 
     def get(self, sandbox_id: str) -> SandboxRecord:
-        node, vmid = self._find(sandbox_id)
+        return self._record_at(*self._find(sandbox_id))
+
+    def _record_at(self, node: str, vmid: int) -> SandboxRecord:
+        """The record in the description of CT ``vmid`` on ``node``."""
         conf = self._call("attach", lambda: self._ct(node, vmid).config.get())
         description = str(conf.get("description", ""))
         data = self._parse_record(description)

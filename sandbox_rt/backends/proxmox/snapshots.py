@@ -65,14 +65,15 @@ class PveSnapshots(PveCore):
         )  # fmt: skip
 
     def _find_snapshot(self, name: str) -> tuple[str, int, str]:
-        for node, vmid, sid, entry in self._snapshots():
+        """(node, vmid, the source's template) of snapshot ``name``; SnapshotNotFound if none."""
+        for node, vmid, _sid, entry in self._snapshots():
             if entry["name"] == name:
-                return node, vmid, sid
+                return node, vmid, snapshot_template(str(entry.get("description", "")))
         raise SnapshotNotFound(name)
 
     def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
         node, vmid = self._find(sandbox_id)
-        template = self.get(sandbox_id).spec.template
+        template = self._record_at(node, vmid).spec.template
         note = f"sandbox-rt snapshot of {sandbox_id}{TEMPLATE_NOTE}{template}"
         with self._snapshot_lock():
             if any(e["name"] == name for *_where, e in self._snapshots()):
@@ -89,7 +90,7 @@ class PveSnapshots(PveCore):
 
     def delete_snapshot(self, name: str) -> bool:
         try:
-            node, vmid, _sid = self._find_snapshot(name)
+            node, vmid, _template = self._find_snapshot(name)
         except SnapshotNotFound:
             return False
         ct = self._ct(node, vmid)
@@ -98,6 +99,6 @@ class PveSnapshots(PveCore):
         return True
 
     def clone_from_snapshot(self, sandbox_id: str, spec: SandboxSpec, name: str) -> SandboxRecord:
-        node, vmid, sid = self._find_snapshot(name)  # SnapshotNotFound before anything is made
-        spec = dataclasses.replace(spec, template=self.get(sid).spec.template)  # the fork's, for its record
+        node, vmid, template = self._find_snapshot(name)  # SnapshotNotFound before anything is made
+        spec = dataclasses.replace(spec, template=template)  # the fork's, for its record
         return self._clone_from(sandbox_id, spec, (node, vmid, name))

@@ -27,7 +27,7 @@ from pve_testserver.env import pve_test_server
 from sandbox_rt import ConfigError, Manager, Settings
 
 from ..provision_helpers import HOST_JSON, REPO, run_playbook
-from .conftest import SESSION_LABEL, settings_environ
+from .conftest import SESSION_LABEL, _sweep, settings_environ
 
 NAME = "itest-lean"
 MARKER = "/etc/sandbox-rt-itest-template"
@@ -70,12 +70,6 @@ def named(settings: Settings) -> Iterator[Settings]:
         finally:
             HOST_JSON.write_bytes(saved)
             shutil.rmtree(container, ignore_errors=True)
-
-
-def _sweep(mgr: Manager) -> None:
-    for record in mgr.list(labels=SESSION_LABEL):
-        with contextlib.suppress(sandbox_rt.SandboxError):
-            mgr.destroy(record.id)
 
 
 @pytest.fixture(scope="module", params=["lxc", "proxmox"])
