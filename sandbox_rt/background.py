@@ -26,8 +26,9 @@ import time
 from collections.abc import Mapping
 from typing import Protocol
 
-from .errors import CommandTimeout, ConfigError, SandboxError
+from .errors import CommandTimeout, ConfigError, ProcessNotFound, SandboxError
 from .models import ExecResult, ProcessInfo
+from .validation import check_max_bytes, check_signal
 
 __all__ = ["BackgroundProcess", "CommandRunner", "list_processes"]
 
@@ -121,7 +122,7 @@ class BackgroundProcess:
         )
         lines = r.text.splitlines()
         if r.exit_code != 0 or not lines or not _HANDLE.fullmatch(lines[0]):
-            raise SandboxError(f"no background command with pid {pid} in this sandbox")
+            raise ProcessNotFound(pid)
         return cls(sandbox, lines[0], pid, _b64_text(lines[1] if len(lines) > 1 else ""))
 
     def _path(self, kind: str) -> str:
@@ -194,7 +195,7 @@ class BackgroundProcess:
     def kill(self, sig: int = _signal.SIGKILL) -> None:
         """Send ``sig`` to the command's whole process group."""
         rc = self._path("rc")
-        n = int(sig)
+        n = check_signal(sig)
         # the runner that records the exit status dies with its group: record 128+sig for it
         self.sandbox.exec(
             f"kill -{n} -- -{self.pid} 2>/dev/null; "
@@ -208,12 +209,24 @@ class BackgroundProcess:
 
     def logs(self) -> tuple[bytes, bytes]:
         """What the command printed since the last call: (stdout, stderr)."""
+        out, err = self.logs_from(self._offsets["out"], self._offsets["err"])
+        self._offsets["out"] += len(out)
+        self._offsets["err"] += len(err)
+        return out, err
+
+    def logs_from(
+        self, stdout_offset: int, stderr_offset: int, *, max_bytes: int | None = None
+    ) -> tuple[bytes, bytes]:
+        """What the command printed from these byte offsets on (a stateless reader keeps its own
+        offsets, e.g. over HTTP): (stdout, stderr), each at most ``max_bytes`` (None: no cap
+        beyond an exec's own)."""
         out: list[bytes] = []
-        for kind in ("out", "err"):
-            start = self._offsets[kind] + 1
-            data = self.sandbox.exec(f"tail -c +{start} {self._path(kind)} 2>/dev/null", timeout=60).stdout
-            self._offsets[kind] += len(data)
-            out.append(data)
+        for kind, offset in (("out", stdout_offset), ("err", stderr_offset)):
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise ConfigError(f"{kind} offset={offset!r} must be a whole number of bytes, at least 0")
+            cap = "" if max_bytes is None else f" | head -c {check_max_bytes(max_bytes)}"
+            r = self.sandbox.exec(f"tail -c +{offset + 1} {self._path(kind)} 2>/dev/null{cap}", timeout=60)
+            out.append(r.stdout if max_bytes is None else r.stdout[:max_bytes])  # the sandbox may lie
         return out[0], out[1]
 
     def __repr__(self) -> str:

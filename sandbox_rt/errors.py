@@ -75,6 +75,15 @@ class SnapshotNotFound(SandboxError, LookupError):
         super().__init__(f"no snapshot named {name!r}")
 
 
+class ProcessNotFound(SandboxError, LookupError):
+    """No background command with that pid in the sandbox (it was never started there, or its
+    records went with the sandbox)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        super().__init__(f"no background command with pid {pid} in this sandbox")
+
+
 class SandboxNotReady(SandboxError):
     """The sandbox did not become reachable (SSH) within the allowed time."""
 

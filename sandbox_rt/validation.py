@@ -302,6 +302,13 @@ def check_max_bytes(value: int, name: str = "max_bytes") -> int:
     return value
 
 
+def check_signal(sig: object) -> int:
+    """A signal number to send (1-64: the kernel's standard and real-time signals)."""
+    if isinstance(sig, bool) or not isinstance(sig, int) or not 1 <= sig <= 64:
+        raise ConfigError(f"signal {sig!r} must be a signal number from 1 to 64")
+    return int(sig)
+
+
 ROOT_USER = "root"
 
 

@@ -7,14 +7,11 @@ Either way, when the server stops, every sandbox its sessions still hold is dest
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
-import math
 import os
 import signal
-import socket
 import threading
 import types
 from collections.abc import Callable
@@ -24,9 +21,9 @@ import anyio
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..http_api import DEFAULT_HOST
-from ..http_api import _check_token as check_token  # the token rules of `serve`, reused
-from ..http_api import _is_loopback as is_loopback
 from ..limits import HTTP_LIMITS, HttpLimits
+from ..web.tokens import check_token, is_loopback  # the token rules of `serve`, reused
+from ..web.transport import HttpService, Site
 from .mcp import SandboxMcp
 
 __all__ = ["DEFAULT_PORT", "MCP_PATH", "BearerToken", "http_app", "serve_http", "serve_stdio"]
@@ -35,7 +32,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8788  # `sandbox-rt serve` has 8787
 MCP_PATH = "/mcp"
-_SHUTDOWN_GRACE_S = 5  # open streams get this long when the server stops, then are cut
 
 
 class BearerToken:
@@ -104,42 +100,19 @@ def serve_http(
     """Serve MCP over streamable HTTP until SIGINT/SIGTERM (blocking); ``on_ready(url)`` once
     listening (``port=0``: a free port, named in the URL). The sessions' sandboxes are destroyed on
     the way out."""
-    import uvicorn
-
-    from ..errors import ConfigError
-
     app = http_app(mcp, token, host=host, limits=limits)
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ConfigError(f"port={port!r} must be a TCP port number")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        sock = socket.create_server((host, port), family=family, backlog=128)
-    except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    service = HttpService([Site(app, host, port)], limits=limits, name="sandbox-rt-mcp")
     if not is_loopback(host):
         log.warning("the MCP server listens on %s, not loopback: the token travels in clear text", host)
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        server_header=False,
-        limit_concurrency=limits.max_connections,
-        timeout_keep_alive=max(1, math.ceil(limits.idle_timeout_s)),
-        h11_max_incomplete_event_size=limits.max_head_bytes,
-        timeout_graceful_shutdown=_SHUTDOWN_GRACE_S,
-    )
-    server = uvicorn.Server(config)
-    bound_host, bound_port = sock.getsockname()[:2]
-    shown = f"[{bound_host}]" if ":" in str(bound_host) else bound_host
-    # uvicorn stops on SIGINT/SIGTERM, then raises the signal again with the handlers it found: ours
-    # do nothing, so the process lives on to destroy the sessions' sandboxes and exits normally
+    # the service stops on SIGINT/SIGTERM (open streams are cut); while the sessions' sandboxes are
+    # then destroyed, the same signals are only logged, so the process lives on to finish that
     previous = _quiet_signals() if threading.current_thread() is threading.main_thread() else {}
     try:
         if on_ready is not None:
-            on_ready(f"http://{shown}:{bound_port}{MCP_PATH}")
-        asyncio.run(server.serve(sockets=[sock]))
+            on_ready(f"{service.url()}{MCP_PATH}")
+        service.serve_forever()
     finally:
-        sock.close()
+        service.stop()
         mcp.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -12,13 +12,18 @@ code runs unchanged on another machine: :class:`Client` (like :class:`~sandbox_r
 from .aclient import AsyncClient, AsyncRemoteExecStream, AsyncRemoteSandbox
 from .calls import DEFAULT_URL
 from .client import Client, RemoteExecStream, RemoteSandbox
+from .processes import AsyncRemoteCommands, AsyncRemoteProcess, RemoteCommands, RemoteProcess
 
 __all__ = [
     "DEFAULT_URL",
     "AsyncClient",
+    "AsyncRemoteCommands",
     "AsyncRemoteExecStream",
+    "AsyncRemoteProcess",
     "AsyncRemoteSandbox",
     "Client",
+    "RemoteCommands",
     "RemoteExecStream",
+    "RemoteProcess",
     "RemoteSandbox",
 ]

@@ -7,12 +7,12 @@ import builtins
 import contextlib
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import httpx
 
 from ..aio import Pending
-from ..errors import ConfigError, SandboxError, SandboxNotFound
+from ..errors import SandboxError, SandboxNotFound
 from ..limits import DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
 from ..models import (
     DEFAULT_CPUS,
@@ -28,6 +28,7 @@ from ..models import (
 from . import calls, error_map, events, wire
 from .error_map import ErrorContext
 from .files import AsyncRemoteFiles
+from .processes import AsyncRemoteCommands, AsyncRemoteProcess, start_call
 from .wire import Call
 
 __all__ = ["AsyncClient", "AsyncRemoteExecStream", "AsyncRemoteSandbox"]
@@ -250,6 +251,8 @@ class AsyncRemoteSandbox:
         self._destroyed = False
         # the file primitives (E2B's sb.files), through the same client
         self.files = AsyncRemoteFiles(status.id, client._send, self._alive)
+        # background commands by pid (sb.commands: list, connect, send_stdin, close_stdin, kill)
+        self.commands = AsyncRemoteCommands(self, client._send, self._alive)
 
     @property
     def id(self) -> str:
@@ -278,6 +281,36 @@ class AsyncRemoteSandbox:
         if self._destroyed:
             raise SandboxError(f"sandbox {self.id} was destroyed")
 
+    @overload
+    async def exec(
+        self,
+        command: Command,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        check: bool = False,
+        background: Literal[False] = False,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+        user: str | None = None,
+    ) -> ExecResult: ...
+
+    @overload
+    async def exec(
+        self,
+        command: Command,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        check: bool = False,
+        background: Literal[True],
+        max_output: int = DEFAULT_MAX_OUTPUT,
+        user: str | None = None,
+    ) -> AsyncRemoteProcess: ...
+
     async def exec(
         self,
         command: Command,
@@ -290,10 +323,24 @@ class AsyncRemoteSandbox:
         background: bool = False,
         max_output: int = DEFAULT_MAX_OUTPUT,
         user: str | None = None,
-    ) -> ExecResult:
+    ) -> ExecResult | AsyncRemoteProcess:
+        """See :meth:`remote.RemoteSandbox.exec` (``background=True``: an
+        :class:`~sandbox_rt.remote.AsyncRemoteProcess`)."""
         self._alive()
         if background:
-            raise ConfigError("background=True is not offered by the HTTP API yet; run it in-process")
+            call = start_call(
+                self.id,
+                command,
+                timeout=timeout,
+                cwd=cwd,
+                env=env,
+                stdin=stdin,
+                check=check,
+                max_output=max_output,
+                user=user,
+            )
+            info = await self._client._send(call)
+            return AsyncRemoteProcess(self.id, info, self._client._send, self._alive)
         body = wire.exec_body(
             command,
             timeout=timeout,

@@ -22,6 +22,7 @@ from ..models import (
     DEFAULT_TEMPLATE,
     EntryInfo,
     ExecResult,
+    ProcessInfo,
     ResourceUsage,
     SandboxRecord,
     SandboxSpec,
@@ -39,7 +40,11 @@ __all__ = [
     "parse_exec_result",
     "parse_internet",
     "parse_list",
+    "parse_logs",
     "parse_mkdir",
+    "parse_process",
+    "parse_process_exit",
+    "parse_process_list",
     "parse_record",
     "parse_snapshot",
     "parse_snapshot_list",
@@ -60,8 +65,12 @@ MAX_TEXT = 1 << 20
 MAX_MESSAGE = 8 << 10
 MAX_LIST_ENTRIES = 100_000
 MAX_TEMPLATES = 1024  # names in a template list (a host contract holds a handful)
+MAX_PID = 1 << 22  # the kernel's largest pid_max: a background command's pid is 2..MAX_PID
+MAX_PROCESSES = 1000  # background commands a process list holds at most
+MIN_EXIT, MAX_EXIT = -(1 << 31), 1 << 31  # an exit status the server reports
 
 _LABEL_KEY = re.compile(r"[A-Za-z0-9_.\-/]{1,63}")
+_HANDLE = re.compile(r"[0-9a-f]{16}")
 
 
 def bad_answer(what: str) -> BackendError:
@@ -415,3 +424,73 @@ def parse_written(value: Any, path: str, size: int) -> None:
         raise bad_answer("the write answer names another path")
     if read_int(read_member(data, "size", "the write answer"), "write.size") != size:
         raise bad_answer(f"the server wrote {data['size']} bytes, not the {size} sent")
+
+
+# -- background commands (sb.commands) --------------------------------------------------------------
+def read_pid(value: Any, what: str, expect: int | None = None) -> int:
+    """A background command's pid (its process group): 2..MAX_PID, the one asked about if any."""
+    pid = read_int(value, what, 2, MAX_PID)
+    if expect is not None and pid != expect:
+        raise bad_answer(f"{what} is {pid}, not the process asked about ({expect})")
+    return pid
+
+
+def parse_process(value: Any, what: str = "the process", expect_pid: int | None = None) -> ProcessInfo:
+    """A background command the server reports (started, listed, looked up, killed), every field
+    checked; a command said to be running with an exit code is a contradiction, refused."""
+    data = read_object(value, what)
+
+    def get(name: str) -> Any:
+        return read_member(data, name, what)
+
+    handle = read_str(get("handle"), f"{what}.handle", 16)
+    if not _HANDLE.fullmatch(handle):
+        raise bad_answer(f"{what}.handle {handle!r} is not 16 hex digits")
+    info = ProcessInfo(
+        pid=read_pid(get("pid"), f"{what}.pid", expect_pid),
+        handle=handle,
+        command=read_str(get("command"), f"{what}.command", MAX_TEXT),
+        running=read_bool(get("running"), f"{what}.running"),
+        exit_code=read_opt(read_int, get("exit_code"), f"{what}.exit_code", MIN_EXIT, MAX_EXIT),
+    )
+    if info.running and info.exit_code is not None:
+        raise bad_answer(f"{what} is running and has exit code {info.exit_code}")
+    return info
+
+
+def parse_process_list(value: Any) -> list[ProcessInfo]:
+    """``GET .../processes``: at most MAX_PROCESSES entries, each checked."""
+    data = read_object(value, "the process list")
+    items = read_array(data, "processes", "the process list", MAX_PROCESSES, "processes")
+    return [parse_process(item, "a process") for item in items]
+
+
+def parse_process_exit(value: Any, pid: int) -> int:
+    """``POST .../processes/{pid}/wait``: the exit status of the process asked about."""
+    data = read_object(value, "the wait answer")
+    read_pid(read_member(data, "pid", "the wait answer"), "wait.pid", pid)
+    return read_int(read_member(data, "exit_code", "the wait answer"), "wait.exit_code", MIN_EXIT, MAX_EXIT)
+
+
+def parse_logs(value: Any, stdout_offset: int, stderr_offset: int, max_bytes: int) -> tuple[bytes, bytes]:
+    """``GET .../logs`` asked with ``encoding=base64``: (stdout, stderr), each at most ``max_bytes``
+    from the offsets given. The offsets answered must be those plus the bytes given back: a server
+    that says otherwise would make the next read skip or repeat output, so it is refused."""
+    data = read_object(value, "the logs")
+
+    def get(name: str) -> Any:
+        return read_member(data, name, "the logs")
+
+    if get("encoding") != "base64":
+        raise bad_answer("the logs are not base64-encoded as asked")
+    out: list[bytes] = []
+    for name, offset in (("stdout", stdout_offset), ("stderr", stderr_offset)):
+        chunk = read_b64(get(name), f"logs.{name}", max_bytes)
+        told = read_int(get(f"{name}_offset"), f"logs.{name}_offset")
+        if told != offset + len(chunk):
+            raise bad_answer(
+                f"logs.{name}_offset is {told}, not {offset + len(chunk)} ({offset} asked from, "
+                f"{len(chunk)} bytes given)"
+            )
+        out.append(chunk)
+    return out[0], out[1]

@@ -12,12 +12,18 @@ from typing import Any, TypeVar
 
 from ..errors import ConfigError
 from ..files import LIST_MAX_ENTRIES, MAX_LIST_DEPTH
-from ..http_api import _check_token as check_token  # the server's token rules, reused
-from ..http_api import _is_loopback as is_loopback
-from ..http_api import load_token
 from ..limits import DEFAULT_READ_MAX_BYTES
-from ..models import EntryInfo, ExecResult, SandboxRecord, SandboxStatus, SnapshotInfo
-from ..validation import MAX_TTL_S, check_max_bytes, check_remote_path, check_sandbox_id, check_snapshot_name
+from ..models import EntryInfo, ExecResult, ProcessInfo, SandboxRecord, SandboxStatus, SnapshotInfo
+from ..validation import (
+    MAX_TTL_S,
+    check_max_bytes,
+    check_remote_path,
+    check_sandbox_id,
+    check_signal,
+    check_snapshot_name,
+    check_timeout,
+)
+from ..web.tokens import check_token, is_loopback, load_token  # the server's token rules, reused
 from . import answers, wire
 from .error_map import ErrorContext
 from .wire import Call
@@ -28,17 +34,26 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_URL",
+    "check_pid",
+    "close_stdin",
     "create",
     "destroy",
     "egress",
     "endpoint",
     "exec_json",
+    "get_process",
     "internet",
+    "kill_process",
+    "list_processes",
     "list_sandboxes",
+    "process_logs",
     "read_file",
     "snapshot",
+    "start_process",
     "status",
+    "wait_process",
     "write_file",
+    "write_stdin",
 ]
 
 
@@ -351,4 +366,159 @@ def rename_file(sandbox_id: str, src: str, dst: str) -> Call[EntryInfo]:
         lambda raw: answers.parse_entry(answers.decode_json(raw, "the entry")),
         ErrorContext(sandbox_id=sandbox_id, path=src),
         json={"src": src, "dst": dst},
+    )
+
+
+# -- background commands (the server's sb.commands) --------------------------------------------------
+LOG_CHUNK_BYTES = 1 << 20  # what one logs request asks of each stream (the server's default)
+MAX_LOG_CHUNK_BYTES = 64 << 20  # the most the server gives of a stream per request
+STDIN_WAIT_S = 30.0  # the server blocks a write on a full pipe this long (BackgroundProcess.send_stdin)
+# a wait that times out is answered with the output so far (all of it, in text): read that far
+WAIT_ANSWER_BYTES = answers.LIST_ANSWER_BYTES
+_PROCESS_LIST_BYTES = answers.MAX_PROCESSES * (8 << 10)  # entries of a few KiB (a command shown cut)
+# a started process echoes its command (up to MAX_TEXT characters, at most 6 bytes each in JSON)
+_STARTED_BYTES = 6 * answers.MAX_TEXT + answers.SMALL_ANSWER_BYTES
+
+
+def check_pid(pid: object) -> int:
+    """A background command's pid as the API takes it (2..MAX_PID), before anything is sent."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 2 <= pid <= answers.MAX_PID:
+        raise ConfigError(f"pid={pid!r:.40} must be a process id from 2 to {answers.MAX_PID}")
+    return pid
+
+
+def _process_path(sandbox_id: str, pid: int, tail: str = "") -> str:
+    return wire.sandbox_path(sandbox_id, f"/processes/{check_pid(pid)}{tail}")
+
+
+def start_process(
+    sandbox_id: str, command: str | Sequence[str], cwd: str | None, env: Mapping[str, str] | None
+) -> Call[ProcessInfo]:
+    """``POST .../processes``: a background command (own session, stdin a pipe); its process."""
+    if isinstance(command, bytes) or not isinstance(command, str | Sequence):
+        raise ConfigError(f"command {command!r:.60} must be a string or a list of strings")
+    if env is not None and not isinstance(env, Mapping):
+        raise ConfigError(f"env={env!r:.60} must be a mapping of strings")
+    body: dict[str, Any] = {"command": command if isinstance(command, str) else list(command)}
+    if cwd is not None:
+        body["cwd"] = check_remote_path(cwd, "cwd")
+    if env:
+        body["env"] = dict(env)
+    return Call(
+        "POST",
+        wire.sandbox_path(sandbox_id, "/processes"),
+        201,
+        lambda raw: answers.parse_process(answers.decode_json(raw, "the process")),
+        ErrorContext(sandbox_id=sandbox_id, command=wire.command_text(command)),
+        json=body,
+        max_bytes=_STARTED_BYTES,
+    )
+
+
+def list_processes(sandbox_id: str) -> Call[builtins.list[ProcessInfo]]:
+    """``GET .../processes``: newest first, at most MAX_PROCESSES."""
+    return Call(
+        "GET",
+        wire.sandbox_path(sandbox_id, "/processes"),
+        200,
+        lambda raw: answers.parse_process_list(answers.decode_json(raw, "the process list")),
+        ErrorContext(sandbox_id=sandbox_id),
+        max_bytes=_PROCESS_LIST_BYTES,
+    )
+
+
+def get_process(sandbox_id: str, pid: int) -> Call[ProcessInfo]:
+    """``GET .../processes/{pid}``: running, or its exit code; ProcessNotFound if there is none."""
+    return Call(
+        "GET",
+        _process_path(sandbox_id, pid),
+        200,
+        lambda raw: answers.parse_process(answers.decode_json(raw, "the process"), expect_pid=pid),
+        ErrorContext(sandbox_id=sandbox_id, pid=pid),
+    )
+
+
+def process_logs(
+    sandbox_id: str, pid: int, stdout_offset: int, stderr_offset: int, max_bytes: int
+) -> Call[tuple[bytes, bytes]]:
+    """``GET .../processes/{pid}/logs`` as exact bytes (base64): at most ``max_bytes`` of each
+    stream from the offsets given, the offsets answered checked against what came back."""
+    for name, offset in (("stdout_offset", stdout_offset), ("stderr_offset", stderr_offset)):
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ConfigError(f"{name}={offset!r:.40} must be a whole number of bytes, at least 0")
+    cap = check_max_bytes(max_bytes)
+    if cap > MAX_LOG_CHUNK_BYTES:
+        raise ConfigError(f"max_bytes={cap} must be at most {MAX_LOG_CHUNK_BYTES} per request")
+    return Call(
+        "GET",
+        _process_path(sandbox_id, pid, "/logs"),
+        200,
+        lambda raw: answers.parse_logs(
+            answers.decode_json(raw, "the logs"), stdout_offset, stderr_offset, cap
+        ),
+        ErrorContext(sandbox_id=sandbox_id, pid=pid),
+        params=[
+            ("stdout_offset", str(stdout_offset)),
+            ("stderr_offset", str(stderr_offset)),
+            ("max_bytes", str(cap)),
+            ("encoding", "base64"),
+        ],
+        max_bytes=wire.exec_answer_bytes(cap),
+    )
+
+
+def write_stdin(sandbox_id: str, pid: int, data: bytes | str) -> Call[None]:
+    """``POST .../processes/{pid}/stdin`` with the raw bytes (a str as UTF-8)."""
+    if not isinstance(data, bytes | str):
+        raise ConfigError(f"data must be bytes or str, not {type(data).__name__}")
+    return Call(
+        "POST",
+        _process_path(sandbox_id, pid, "/stdin"),
+        204,
+        _none,
+        ErrorContext(sandbox_id=sandbox_id, pid=pid),
+        content=data.encode("utf-8") if isinstance(data, str) else data,
+        read_timeout=STDIN_WAIT_S + wire.EXEC_GRACE_S,
+    )
+
+
+def close_stdin(sandbox_id: str, pid: int) -> Call[None]:
+    """``DELETE .../processes/{pid}/stdin``: the command reads EOF once it has read what was sent."""
+    return Call(
+        "DELETE",
+        _process_path(sandbox_id, pid, "/stdin"),
+        204,
+        _none,
+        ErrorContext(sandbox_id=sandbox_id, pid=pid),
+    )
+
+
+def wait_process(sandbox_id: str, pid: int, timeout: float, command: str) -> Call[int]:
+    """``POST .../processes/{pid}/wait`` for at most ``timeout`` seconds: the exit status, or
+    CommandTimeout (504). The HTTP read waits that long plus a grace."""
+    seconds = check_timeout(timeout)
+    if seconds is None:
+        raise ConfigError("a wait request needs a timeout (the client waits in slices)")
+    return Call(
+        "POST",
+        _process_path(sandbox_id, pid, "/wait"),
+        200,
+        lambda raw: answers.parse_process_exit(answers.decode_json(raw, "the wait answer"), pid),
+        ErrorContext(sandbox_id=sandbox_id, pid=pid, command=command),
+        json={"timeout": seconds},
+        max_bytes=WAIT_ANSWER_BYTES,
+        read_timeout=seconds + wire.EXEC_GRACE_S,
+    )
+
+
+def kill_process(sandbox_id: str, pid: int, sig: int) -> Call[ProcessInfo]:
+    """``POST .../processes/{pid}/kill``: ``sig`` to its whole process group; the process after."""
+    n = check_signal(sig)
+    return Call(
+        "POST",
+        _process_path(sandbox_id, pid, "/kill"),
+        200,
+        lambda raw: answers.parse_process(answers.decode_json(raw, "the process"), expect_pid=pid),
+        ErrorContext(sandbox_id=sandbox_id, pid=pid),
+        json={"signal": n},
     )

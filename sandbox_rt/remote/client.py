@@ -7,11 +7,11 @@ import builtins
 import contextlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import httpx
 
-from ..errors import ConfigError, SandboxError, SandboxNotFound
+from ..errors import SandboxError, SandboxNotFound
 from ..limits import DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
 from ..models import (
     DEFAULT_CPUS,
@@ -27,6 +27,7 @@ from ..models import (
 from . import calls, error_map, events, wire
 from .error_map import ErrorContext
 from .files import RemoteFiles
+from .processes import RemoteCommands, RemoteProcess, start_call
 from .wire import Call
 
 __all__ = ["Client", "RemoteExecStream", "RemoteSandbox"]
@@ -262,6 +263,8 @@ class RemoteSandbox:
         self._destroyed = False
         # the file primitives (E2B's sb.files), through the same client
         self.files = RemoteFiles(status.id, client._send, self._alive)
+        # background commands by pid (sb.commands: list, connect, send_stdin, close_stdin, kill)
+        self.commands = RemoteCommands(self, client._send, self._alive)
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -292,6 +295,36 @@ class RemoteSandbox:
             raise SandboxError(f"sandbox {self.id} was destroyed")
 
     # -- commands --------------------------------------------------------------------------------
+    @overload
+    def exec(
+        self,
+        command: Command,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        check: bool = False,
+        background: Literal[False] = False,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+        user: str | None = None,
+    ) -> ExecResult: ...
+
+    @overload
+    def exec(
+        self,
+        command: Command,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        check: bool = False,
+        background: Literal[True],
+        max_output: int = DEFAULT_MAX_OUTPUT,
+        user: str | None = None,
+    ) -> RemoteProcess: ...
+
     def exec(
         self,
         command: Command,
@@ -304,12 +337,25 @@ class RemoteSandbox:
         background: bool = False,
         max_output: int = DEFAULT_MAX_OUTPUT,
         user: str | None = None,
-    ) -> ExecResult:
+    ) -> ExecResult | RemoteProcess:
         """Run a command and wait for it, as :meth:`sandbox_rt.Sandbox.exec` (the server keeps at
-        most ``max_output`` bytes of each stream; the result says what was dropped)."""
+        most ``max_output`` bytes of each stream; the result says what was dropped). With
+        ``background=True`` a :class:`~sandbox_rt.remote.RemoteProcess` at once (neither stdin nor
+        check, the sandbox user only): the command outlives this client and the server's connection."""
         self._alive()
         if background:
-            raise ConfigError("background=True is not offered by the HTTP API yet; run it in-process")
+            call = start_call(
+                self.id,
+                command,
+                timeout=timeout,
+                cwd=cwd,
+                env=env,
+                stdin=stdin,
+                check=check,
+                max_output=max_output,
+                user=user,
+            )
+            return RemoteProcess(self.id, self._client._send(call), self._client._send, self._alive)
         body = wire.exec_body(
             command,
             timeout=timeout,

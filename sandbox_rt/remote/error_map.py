@@ -20,6 +20,7 @@ from ..errors import (
     FirewallDisabled,
     HostKeyMismatch,
     PermissionDenied,
+    ProcessNotFound,
     SandboxError,
     SandboxNotFound,
     SandboxNotReady,
@@ -42,6 +43,7 @@ class ErrorContext:
     path: str | None = None
     command: str | None = None
     max_output: int = DEFAULT_MAX_OUTPUT
+    pid: int | None = None  # a background command's (its routes answer ProcessNotFound)
 
 
 # HTTP status -> the code the API documents (docs/http-api.md), for an answer without a usable body
@@ -99,6 +101,8 @@ def error_from_answer(
     if code == "not_found":
         if kind == "SnapshotNotFound" and ctx.snapshot is not None:
             return SnapshotNotFound(ctx.snapshot)
+        if kind == "ProcessNotFound" and ctx.pid is not None:
+            return ProcessNotFound(ctx.pid)
         if ctx.sandbox_id is not None and kind in ("", "SandboxNotFound"):
             return SandboxNotFound(ctx.sandbox_id)
         return SandboxError(message)

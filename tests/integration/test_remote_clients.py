@@ -265,3 +265,66 @@ def test_remote_files_on_a_real_sandbox(api: tuple[str, Path], manager: sandbox_
         sb.files.remove(f"{home}/w", recursive=True)
         assert not sb.files.exists(f"{home}/w") and sb.files.read(f"{home}/m.txt") == b"12345"
         assert sb.exec("test -e /etc/shadow").exit_code == 0
+
+
+def read_until(p: remote.RemoteProcess, size: int, timeout: float = 30) -> tuple[bytes, bytes]:
+    """Read ``p``'s new output with ``logs()`` until ``size`` bytes of stdout came (or ``timeout``)."""
+    out, err = b"", b""
+    deadline = time.monotonic() + timeout
+    while len(out) < size and time.monotonic() < deadline:
+        o, e = p.logs()
+        out, err = out + o, err + e
+        if len(out) < size:
+            time.sleep(0.1)
+    return out, err
+
+
+def test_remote_background_command_stdin_logs_and_exit(
+    api: tuple[str, Path], manager: sandbox_rt.Manager
+) -> None:
+    """A real background command over HTTP: stdin written in two parts (one binary) and closed, its
+    output read incrementally as exact bytes, its exit code waited for; a second reader sees it all."""
+    url, token_file = api
+    blob = bytes(range(256))
+    with (
+        remote.Client(url, token_file=token_file) as client,
+        client.create(memory_mb=512, labels=LABEL) as sb,
+    ):
+        p = sb.exec('cat; echo "done $X" >&2; exit 5', background=True, env={"X": "ex"}, cwd="/tmp")
+        assert isinstance(p, remote.RemoteProcess) and p.is_running() and p.exit_code() is None
+        assert any(i.pid == p.pid and i.running for i in sb.commands.list())
+        p.send_stdin("one\n")
+        assert read_until(p, 4) == (b"one\n", b"")
+        sb.commands.send_stdin(p.pid, blob)
+        assert read_until(p, len(blob)) == (blob, b"")  # only what is new, byte for byte
+        p.close_stdin()
+        assert p.wait(timeout=30) == 5
+        assert p.logs() == (b"", b"done ex\n")
+        assert p.exit_code() == 5 and not p.is_running()
+        again = sb.commands.connect(p.pid)
+        assert (again.handle, again.logs()) == (p.handle, (b"one\n" + blob, b"done ex\n"))
+        with pytest.raises(sandbox_rt.SandboxError):
+            p.send_stdin("late")  # it has ended
+    assert sb.id not in {r.id for r in manager.list(labels=LABEL)}
+
+
+def test_remote_background_kill(api: tuple[str, Path], manager: sandbox_rt.Manager) -> None:
+    """``sleep 600`` in the background: a wait that times out (the server's 504), then a kill by pid."""
+    url, token_file = api
+    with (
+        remote.Client(url, token_file=token_file) as client,
+        client.create(memory_mb=512, labels=LABEL) as sb,
+    ):
+        p = sb.exec("echo up; sleep 600", background=True)
+        assert read_until(p, 3) == (b"up\n", b"")
+        with pytest.raises(sandbox_rt.CommandTimeout):
+            p.wait(timeout=1)
+        assert p.is_running()
+        sb.commands.kill(p.pid)
+        assert p.wait(timeout=30) == 128 + signal.SIGKILL
+        listed = [i for i in sb.commands.list() if i.pid == p.pid]
+        assert [(i.running, i.exit_code) for i in listed] == [(False, 137)]
+        assert sb.exec("pgrep -x sleep").exit_code == 1  # the whole group went
+        with pytest.raises(sandbox_rt.ProcessNotFound):
+            sb.commands.connect(4_000_000)
+    assert sb.id not in {r.id for r in manager.list(labels=LABEL)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import errno
 import http.client
+import inspect
 import json
 import logging
 import os
@@ -30,8 +31,10 @@ from sandbox_rt import (
     ConnectionLost,
     ExecResult,
     FileOperationError,
+    Manager,
     OutputChunk,
     PermissionDenied,
+    ProcessNotFound,
     ResourceUsage,
     SandboxError,
     SandboxNotFound,
@@ -39,11 +42,14 @@ from sandbox_rt import (
     SandboxRecord,
     SandboxSpec,
     SandboxStatus,
-    http_api,
 )
-from sandbox_rt.http_api import ROUTES, ApiServer, load_token, serve
+from sandbox_rt.http_api import ApiServer, load_token, serve
 from sandbox_rt.http_openapi import openapi_document
-from sandbox_rt.validation import check_max_bytes
+from sandbox_rt.models import ProcessInfo
+from sandbox_rt.validation import check_max_bytes, check_signal
+from sandbox_rt.web import schemas as web_schemas
+from sandbox_rt.web.app import ROUTERS
+from sandbox_rt.web.native import PUBLIC_PATHS
 
 TOKEN = "t0k-" + secrets.token_urlsafe(24)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -56,6 +62,78 @@ class Container:
     kwargs: dict[str, Any]
     files: dict[str, bytes] = field(default_factory=dict)
     internet: bool = False
+    processes: dict[int, FakeProcess] = field(default_factory=dict)
+
+
+class FakeProcess:
+    """A background command whose output, stdin and end the test drives."""
+
+    def __init__(self, pid: int, command: str, cwd: str | None, env: Mapping[str, str] | None) -> None:
+        self.pid, self.handle, self.command = pid, f"{pid:016x}", command
+        self.cwd, self.env = cwd, env
+        self.out, self.err, self.stdin = b"", b"", b""
+        self.stdin_open = True
+        self.code: int | None = None
+        self.signals: list[int] = []
+
+    def exit_code(self) -> int | None:
+        return self.code
+
+    def is_running(self) -> bool:
+        return self.code is None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.code is None:
+            raise CommandTimeout(self.command, timeout or 0.0, self.out, self.err)
+        return self.code
+
+    def send_stdin(self, data: bytes | str, *, timeout: float = 30.0) -> None:
+        if not self.stdin_open:
+            raise SandboxError(f"cannot write to the stdin of {self.command!r}: its stdin was closed")
+        self.stdin += data if isinstance(data, bytes) else data.encode()
+
+    def close_stdin(self) -> None:
+        self.stdin_open = False
+
+    def kill(self, sig: int = 9) -> None:
+        self.signals.append(check_signal(sig))
+        self.code = 128 + sig
+
+    def logs_from(
+        self, stdout_offset: int, stderr_offset: int, *, max_bytes: int | None = None
+    ) -> tuple[bytes, bytes]:
+        cap = max_bytes if max_bytes is not None else 1 << 62
+        return self.out[stdout_offset:][:cap], self.err[stderr_offset:][:cap]
+
+
+class FakeCommands:
+    def __init__(self, box: Container) -> None:
+        self.box = box
+
+    def run(
+        self,
+        command: str | list[str],
+        *,
+        background: bool,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> FakeProcess:
+        assert background
+        pid = 100 + len(self.box.processes)
+        text = command if isinstance(command, str) else " ".join(command)
+        self.box.processes[pid] = FakeProcess(pid, text, cwd, env)
+        return self.box.processes[pid]
+
+    def list(self) -> list[ProcessInfo]:
+        return [
+            ProcessInfo(p.pid, p.handle, p.command, p.code is None, p.code)
+            for p in sorted(self.box.processes.values(), key=lambda p: -p.pid)
+        ]
+
+    def connect(self, pid: int) -> FakeProcess:
+        if pid not in self.box.processes:
+            raise ProcessNotFound(pid)
+        return self.box.processes[pid]
 
 
 class FakeStream:
@@ -94,6 +172,10 @@ class FakeSandbox:
     @property
     def id(self) -> str:
         return self.box.id
+
+    @property
+    def commands(self) -> FakeCommands:
+        return FakeCommands(self.box)
 
     def _fail(self, op: str) -> None:
         exc = self.mgr.fail.get(op)
@@ -379,9 +461,13 @@ def test_unknown_route_is_404_and_wrong_method_405(api: Callable[..., requests.R
     assert r.status_code == 405
 
 
-def test_unsupported_http_method_is_a_json_501(api: Callable[..., requests.Response]) -> None:
-    r = api("OPTIONS", "/v1/sandboxes")
-    assert r.status_code == 501 and error_of(r)["message"]
+def test_an_undeclared_method_is_a_json_405(api: Callable[..., requests.Response]) -> None:
+    """Any method the document does not declare on a path (issue 18: not 501)."""
+    for method in ("OPTIONS", "HEAD", "TRACE", "BREW"):
+        r = api(method, "/v1/sandboxes")
+        assert r.status_code == 405 and r.headers["Allow"] == "GET, POST", method
+        if method != "HEAD":
+            assert error_of(r)["code"] == "method_not_allowed"
 
 
 def test_keep_alive_serves_several_requests_on_one_connection(server: ApiServer) -> None:
@@ -961,27 +1047,38 @@ def _operations(doc: dict[str, Any]) -> set[tuple[str, str]]:
     return {(m.upper(), p) for p, item in doc["paths"].items() for m in item if m in methods}
 
 
+def _implemented() -> set[tuple[str, str]]:
+    return {(m, r.path) for router in ROUTERS for r in router.routes for m in r.methods}  # type: ignore[attr-defined]
+
+
 def test_openapi_documents_exactly_the_implemented_routes() -> None:
     doc = openapi_document()
-    assert _operations(doc) == {(r.method, r.template) for r in ROUTES}
-    for route in ROUTES:
-        op = doc["paths"][route.template][route.method.lower()]
+    assert _operations(doc) == _implemented() and len(_implemented()) >= 20
+    for method, path in _implemented():
+        op = doc["paths"][path][method.lower()]
         assert op["operationId"] and op["summary"]
-        assert {"200", "201", "204"} & set(op["responses"]), route
-        if route.auth:
-            assert "security" not in op and "401" in op["responses"], route
+        assert {"200", "201", "204"} & set(op["responses"]), (method, path)
+        assert "422" not in op["responses"], "validation errors are 400s"
+        if path in PUBLIC_PATHS:
+            assert op["security"] == [], path
         else:
-            assert op["security"] == [], route
-        params = {p["name"] for p in doc["paths"][route.template].get("parameters", [])}
-        if "{id}" in route.template:
+            assert "security" not in op and "401" in op["responses"], (method, path)
+        params = {p["name"] for p in op.get("parameters", [])}
+        if "{id}" in path:
             assert "id" in params
 
 
-def test_openapi_bodies_match_the_servers_fields() -> None:
+def test_openapi_bodies_match_the_runtime() -> None:
+    """The create body takes every option of Manager.create but the in-process ones, and the
+    document's bodies are the models the server validates with."""
     schemas = openapi_document()["components"]["schemas"]
-    assert set(schemas["CreateSandboxRequest"]["properties"]) == set(http_api.CREATE_FIELDS)
-    assert set(schemas["ExecRequest"]["properties"]) == set(http_api.EXEC_FIELDS)
-    assert set(schemas["InternetRequest"]["properties"]) == set(http_api.INTERNET_FIELDS)
+    options = set(inspect.signature(Manager.create).parameters) - {"self", "progress"}
+    assert set(schemas["CreateSandboxRequest"]["properties"]) == options
+    assert set(schemas["ExecRequest"]["properties"]) == set(web_schemas.ExecRequest.model_fields)
+    assert schemas["ExecRequest"]["required"] == ["command"]
+    assert schemas["InternetRequest"]["properties"]["enabled"]["type"] == "boolean"
+    for name in ("CreateSandboxRequest", "ExecRequest", "InternetRequest", "EgressRequest"):
+        assert schemas[name]["additionalProperties"] is False, name
     status_fields = set(SandboxStatus.__dataclass_fields__)
     assert set(schemas["SandboxStatus"]["properties"]) == status_fields
     assert set(schemas["ResourceUsage"]["properties"]) == set(ResourceUsage.__dataclass_fields__)
@@ -1011,8 +1108,9 @@ def test_openapi_document_is_valid() -> None:
     ids = [op["operationId"] for p in doc["paths"].values() for m, op in p.items() if m != "parameters"]
     assert len(ids) == len(set(ids))
     for path, item in doc["paths"].items():  # every path template variable is a declared parameter
-        for var in __import__("re").findall(r"\{(\w+)\}", path):
-            assert any(p["name"] == var and p["in"] == "path" and p["required"] for p in item["parameters"])
+        for op in item.values():
+            for var in __import__("re").findall(r"\{(\w+)\}", path):
+                assert any(p["name"] == var and p["in"] == "path" and p["required"] for p in op["parameters"])
     try:
         from openapi_spec_validator import validate  # type: ignore[import-not-found]
     except ImportError:

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from test_http_api import AUTH, TOKEN, FakeManager
 
 from sandbox_rt import ConfigError
-from sandbox_rt.http_api import ApiServer, HttpError, load_token, match_route
+from sandbox_rt.http_api import ApiServer, load_token
 from sandbox_rt.http_openapi import openapi_document
 from sandbox_rt.limits import HTTP_LIMITS, HttpLimits
 
@@ -207,7 +207,8 @@ def test_framing_that_can_be_read_two_ways_is_refused_and_closed(
 def test_two_content_lengths_are_refused(srv: ApiServer, sock: socket.socket) -> None:
     """A proxy that reads the second one would see a different request than the server."""
     sock.sendall(
-        b"POST /v1/sandboxes HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " + TOKEN.encode()
+        b"POST /v1/sandboxes HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer "
+        + TOKEN.encode()
         + b"\r\nContent-Length: 2\r\nContent-Length: 40\r\n\r\n{}"
     )
     answer = read_answer(sock)
@@ -375,9 +376,11 @@ def test_limits_are_validated() -> None:
 def test_validation_refuses_a_trailing_newline(mgr: FakeManager, srv: ApiServer) -> None:
     with pytest.raises(ConfigError, match="printable ASCII"):
         ApiServer(mgr, token=TOKEN + "\n", port=0)
-    for path in ("/healthz\n", "/v1/sandboxes\n", "/v1/sandboxes/sbx-0123456789/exec\n"):
-        with pytest.raises(HttpError, match="no route"):
-            match_route("GET" if "exec" not in path else "POST", path)
+    for path in ("/healthz%0A", "/v1/sandboxes%0A", "/v1/sandboxes/sbx-0123456789/exec%0A", "/healthz%00"):
+        r = requests.request(
+            "GET" if "exec" not in path else "POST", srv.url + path, headers=AUTH, timeout=WAIT
+        )
+        assert r.status_code == 400 and "control character" in r.json()["error"]["message"], (path, r.text)
     sid = mgr.create().id
     r = requests.get(f"{srv.url}/v1/sandboxes/{sid}%0A", headers=AUTH, timeout=WAIT)
     assert r.status_code == 400 and "sbx-" in r.json()["error"]["message"], r.text

@@ -15,7 +15,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engines", ("ssh", "backends")),
     ("runtime", ("execution", "files", "download", "pty", "forward", "commands", "background", "sandbox",
                  "pool", "manager", "terminal")),
-    ("front doors", ("aio", "remote", "http_openapi", "http_api", "api", "cli", "__main__", "__init__")),
+    ("front doors", ("aio", "remote", "web", "http_openapi", "http_api", "api", "cli", "__main__",
+                     "__init__")),
 ]  # fmt: skip
 
 

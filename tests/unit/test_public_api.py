@@ -23,6 +23,7 @@ EXPECTED = {
     "Manager",
     "OutputChunk",
     "PermissionDenied",
+    "ProcessNotFound",
     "ResourceUsage",
     "Sandbox",
     "SandboxError",

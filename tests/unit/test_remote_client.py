@@ -140,8 +140,8 @@ def test_exec_check_and_max_output(client: remote.Client, mgr: Manager) -> None:
     with pytest.raises(ExecError) as info:
         sb.exec("false", check=True)
     assert info.value.exit_code == 1 and info.value.stderr == b"bad"
-    with pytest.raises(ConfigError, match="background"):
-        sb.exec("sleep 9", background=True)
+    with pytest.raises(ConfigError, match="neither stdin nor check"):
+        sb.exec("sleep 9", background=True, check=True)  # background commands: test_remote_processes
 
 
 def test_stream_yields_chunks_and_keeps_max_output(client: remote.Client, mgr: Manager) -> None:

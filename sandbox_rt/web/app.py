@@ -1,0 +1,164 @@
+"""The native HTTP API as an ASGI app: FastAPI with :mod:`.native`'s routes behind the
+:class:`~.gate.Gate`, and the handlers that answer every error as ``{"error": {...}}``.
+
+``build_app(manager, token=..., limits=...)`` is what :class:`sandbox_rt.http_api.ApiServer` serves;
+:func:`openapi_document` is its document without a server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio.to_thread
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp
+
+from .. import __version__
+from ..errors import ConnectionLost, SandboxError, SandboxNotFound
+from ..limits import HTTP_LIMITS, HttpLimits
+from . import native, processes, schemas
+from .bodies import describe_errors
+from .errors import HttpError, error_for
+from .gate import Gate
+from .native import PUBLIC_PATHS
+from .openapi import build_document, size_text
+from .params import Context
+from .runtime import ManagerLike, SandboxCache
+
+__all__ = ["build_app", "openapi_document"]
+
+log = logging.getLogger(__name__)
+
+_TITLE = "sandbox_rt control API"
+_REQUEST_MODELS = (
+    schemas.CreateSandboxRequest,
+    schemas.ExecRequest,
+    schemas.InternetRequest,
+    schemas.EgressRequest,
+    schemas.SnapshotRequest,
+    schemas.ExtendRequest,
+    schemas.MkdirRequest,
+    schemas.RenameRequest,
+    schemas.ExecOutputEvent,
+    schemas.ExecExitEvent,
+    schemas.ExecErrorEvent,
+    *processes.MODELS,
+)
+ROUTERS = (native.router, processes.router)
+
+
+def _description(limits: HttpLimits) -> str:
+    return (
+        "See docs/http-api.md. All /v1 routes need `Authorization: Bearer <token>`. Limits (defaults): "
+        f"a request head of at most {size_text(limits.max_head_bytes)} arriving within "
+        f"{limits.header_timeout_s:g} s; a body of at most {size_text(limits.max_body_bytes)} with a valid "
+        f"token, {size_text(limits.max_unauth_body_bytes)} without; {limits.max_connections} open "
+        f"connections; a keep-alive connection idle for {limits.idle_timeout_s:g} s is closed. A running "
+        "command (JSON or server-sent events) is bounded by its own timeout only."
+    )
+
+
+@functools.cache
+def openapi_document_cached() -> dict[str, Any]:
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    for router in ROUTERS:
+        app.include_router(router)
+    return build_document(
+        app.routes,
+        title=_TITLE,
+        version=__version__,
+        description=_description(HTTP_LIMITS),
+        public=PUBLIC_PATHS,
+        extra_models=_REQUEST_MODELS,
+    )
+
+
+def openapi_document() -> dict[str, Any]:
+    """A fresh copy of the OpenAPI 3.1 document of the native HTTP API."""
+    import copy
+
+    return copy.deepcopy(openapi_document_cached())
+
+
+def _error_response(err: HttpError) -> Response:
+    headers = dict(err.headers)
+    if err.close:
+        headers["Connection"] = "close"
+    return Response(err.encoded(), status_code=err.status, media_type="application/json", headers=headers)
+
+
+def _allowed_methods(path: str) -> list[str]:
+    """The methods the routes declare on ``path`` (FastAPI would name only the first route's)."""
+    methods: set[str] = set()
+    for route in (r for router in ROUTERS for r in router.routes):
+        regex, declared = getattr(route, "path_regex", None), getattr(route, "methods", None)
+        if regex is not None and declared and regex.match(path):
+            methods |= set(declared)
+    return sorted(methods - {"HEAD"})
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error as ``{"error": {"code", "message", ...}}``: the runtime's (its table), bad
+    parameters (400, not FastAPI's 422), unknown routes and methods (404, 405 with Allow), and
+    anything unexpected (500, details only in the log)."""
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HttpError)
+        return _error_response(exc)
+
+    async def on_sandbox_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, SandboxError)
+        sid = request.path_params.get("id")
+        if sid is not None and isinstance(exc, SandboxNotFound | ConnectionLost):
+            request.app.state.ctx.cache.drop(sid)
+        return _error_response(error_for(exc, getattr(request.state, "encoding", "utf-8")))
+
+    async def on_invalid(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        return _error_response(HttpError(400, "invalid_argument", describe_errors(exc.errors())))
+
+    async def on_starlette(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 405:
+            allow = ", ".join(_allowed_methods(request.url.path))
+            message = f"{request.method} is not allowed on {request.url.path} (allowed: {allow})"
+            return _error_response(HttpError(405, "method_not_allowed", message, headers={"Allow": allow}))
+        if exc.status_code == 404:
+            return _error_response(HttpError(404, "route_not_found", f"no route {request.url.path}"))
+        return _error_response(HttpError(exc.status_code, "http_error", str(exc.detail)))
+
+    async def on_internal(request: Request, exc: Exception) -> Response:
+        log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+        return _error_response(HttpError(500, "internal_error", "internal server error (see the log)"))
+
+    app.add_exception_handler(HttpError, on_http_error)
+    app.add_exception_handler(SandboxError, on_sandbox_error)
+    app.add_exception_handler(RequestValidationError, on_invalid)
+    app.add_exception_handler(HTTPException, on_starlette)
+    app.add_exception_handler(Exception, on_internal)
+
+
+def build_app(manager: ManagerLike, *, token: str, limits: HttpLimits = HTTP_LIMITS) -> ASGIApp:
+    """The native API over ``manager``, behind the bearer ``token`` and ``limits``."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # one worker thread per connection the server accepts: a route blocked on SSH never
+        # waits for a thread another connection holds
+        anyio.to_thread.current_default_thread_limiter().total_tokens = limits.max_connections
+        yield
+
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.ctx = Context(manager, SandboxCache(manager), limits)
+    app.state.document = openapi_document_cached()
+    for router in ROUTERS:
+        app.include_router(router)
+    install_error_handlers(app)
+    return Gate(app, token=token, limits=limits, public=PUBLIC_PATHS, realm="sandbox-rt")

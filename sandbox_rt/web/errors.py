@@ -1,0 +1,140 @@
+"""How the HTTP API answers an error: the JSON body ``{"error": {"code", "message", ...}}``, the
+status for each runtime error (the table in docs/http-api.md), and the wording of a bad request.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import errno
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import (
+    BackendError,
+    CommandTimeout,
+    ConfigError,
+    ConnectionLost,
+    FileOperationError,
+    PermissionDenied,
+    ProcessNotFound,
+    SandboxError,
+    SandboxNotFound,
+    SandboxNotReady,
+    SnapshotNotFound,
+)
+
+__all__ = ["ENCODINGS", "HttpError", "encode_output", "error_for", "json_type"]
+
+ENCODINGS = ("utf-8", "base64")  # how command output is given back: text, or the exact bytes
+
+
+class HttpError(Exception):
+    """An error answered with ``status`` and the JSON body ``{"error": {"code", "message", ...}}``.
+    ``close``: the connection is closed after it (its request was not, or not fully, read)."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
+        close: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = dict(headers or {})
+        self.extra = dict(extra or {})
+        self.close = close
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, **self.extra}}
+
+    def encoded(self) -> bytes:
+        return json.dumps(self.body(), ensure_ascii=False).encode("utf-8") + b"\n"
+
+    def head(self) -> list[tuple[bytes, bytes]]:
+        """The ASGI response headers of this answer (its body is :meth:`encoded`)."""
+        headers = {
+            "content-type": "application/json",
+            "content-length": str(len(self.encoded())),
+            **{k.lower(): v for k, v in self.headers.items()},
+        }
+        if self.close:
+            headers["connection"] = "close"
+        return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+_FILE_ERRNO: dict[int, tuple[int, str]] = {
+    errno.ENOENT: (404, "file_not_found"),
+    errno.EACCES: (403, "file_permission_denied"),
+    errno.EPERM: (403, "file_permission_denied"),
+    errno.EISDIR: (409, "file_conflict"),
+    errno.ENOTDIR: (409, "file_conflict"),
+    errno.EEXIST: (409, "file_conflict"),
+    errno.ENOSPC: (507, "insufficient_storage"),
+    errno.EDQUOT: (507, "insufficient_storage"),
+    errno.EFBIG: (413, "file_too_large"),
+    errno.EINVAL: (409, "file_conflict"),  # not a regular file (a device, FIFO or socket)
+    errno.ENOTEMPTY: (409, "file_conflict"),  # a directory removed without recursive
+    errno.E2BIG: (413, "too_many_entries"),  # a listing past its bound
+}
+
+
+def encode_output(data: bytes, encoding: str) -> str:
+    """Command output as the request asked: UTF-8 text (bad bytes become U+FFFD) or base64."""
+    return base64.b64encode(data).decode("ascii") if encoding == "base64" else data.decode("utf-8", "replace")
+
+
+def error_for(exc: SandboxError, encoding: str = "utf-8") -> HttpError:
+    """The HTTP answer for a runtime error (see the table in docs/http-api.md)."""
+    message = str(exc)
+    extra: dict[str, Any] = {"type": type(exc).__name__}
+    if isinstance(exc, ConfigError):
+        return HttpError(400, "invalid_argument", message, extra=extra)
+    if isinstance(exc, SandboxNotFound | SnapshotNotFound | ProcessNotFound):
+        return HttpError(404, "not_found", message, extra=extra)
+    if isinstance(exc, CommandTimeout):
+        # 504, not 408: clients and proxies may silently retry a 408, which would run the command again
+        extra.update(
+            timeout_s=exc.timeout,
+            encoding=encoding,
+            stdout=encode_output(exc.stdout, encoding),
+            stderr=encode_output(exc.stderr, encoding),
+        )
+        return HttpError(504, "command_timeout", message, extra=extra)
+    if isinstance(exc, FileOperationError):
+        status, code = _FILE_ERRNO.get(exc.errno or 0, (500, "file_error"))
+        if exc.filename is not None:
+            extra["path"] = exc.filename
+        return HttpError(status, code, message, extra=extra)
+    if isinstance(exc, SandboxNotReady):
+        return HttpError(503, "sandbox_not_ready", message, extra=extra)
+    if isinstance(exc, ConnectionLost):
+        return HttpError(502, "connection_lost", message, extra=extra)
+    if isinstance(exc, PermissionDenied):  # the engine refused *our* credentials: not the caller's fault
+        return HttpError(502, "backend_permission_denied", message, extra=extra)
+    if isinstance(exc, BackendError):
+        return HttpError(502, "backend_error", message, extra=extra)
+    # plain SandboxError: e.g. "sandbox ... is stopped, not running"
+    return HttpError(409, "conflict", message, extra=extra)
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, builtins.list):
+        return "array"
+    return "object"

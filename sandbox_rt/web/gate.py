@@ -1,0 +1,206 @@
+"""The gate every HTTP request passes before its route: the bearer token, the body limits and
+deadlines of :class:`~sandbox_rt.limits.HttpLimits`, and the request log line.
+
+A request without a valid token (to any route but the public ones) is answered 401 without its body
+being read when that body is larger than ``max_unauth_body_bytes`` (the connection is then
+closed); a small one is read within the head deadline, so the connection can be kept. A body larger
+than the request's limit is a 413 before a byte of it is read. Then the whole body is read (each
+read stalls at most ``io_timeout_s``; ``Expect: 100-continue`` is answered only now, by the first
+read) and handed to the routes, which therefore never wait on the client. Every answer gets
+``Cache-Control: no-store``. The token and the other headers are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import re
+import time
+from collections.abc import Collection
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..limits import HttpLimits
+from .errors import HttpError
+
+__all__ = ["HEAD_STARTED", "Gate"]
+
+log = logging.getLogger("sandbox_rt.web")
+
+HEAD_STARTED = "sandbox_rt.head_started"  # scope["extensions"] key: when the request's first byte came
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_UNAUTHORIZED = "missing or wrong bearer token (Authorization: Bearer <token>)"
+
+
+class Gate:
+    """ASGI middleware in front of an app's routes (see the module's docstring)."""
+
+    def __init__(
+        self, app: ASGIApp, *, token: str, limits: HttpLimits, public: Collection[str], realm: str
+    ) -> None:
+        self.app = app
+        self._token = token.encode("ascii")
+        self.limits = limits
+        self.public = frozenset(public)
+        self._challenge = f'Bearer realm="{realm}"'
+
+    def _authorized(self, scope: Scope) -> bool:
+        values = [v for k, v in scope.get("headers", []) if k == b"authorization"]
+        if len(values) != 1:
+            return False
+        scheme, _, given = bytes(values[0]).partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self._token)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status: list[int] = []
+
+        async def send_no_store(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(int(message["status"]))
+                headers = list(message.get("headers", []))
+                if not any(k.lower() == b"cache-control" for k, _ in headers):
+                    headers.append((b"cache-control", b"no-store"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self._pass(scope, receive, send_no_store)
+        except Exception:
+            if not status:  # nothing answered yet: say so, the details go to the log only
+                log.exception("internal error on %s %s", scope["method"], scope["path"])
+                await _answer(
+                    send_no_store, HttpError(500, "internal_error", "internal server error (see the log)")
+                )
+            # else: answered (Starlette answers, then re-raises what it answered for; logged there)
+        finally:
+            client = scope.get("client") or ("-", 0)
+            log.info('%s "%s %s" %s', client[0], scope["method"], scope["path"], status[0] if status else "-")
+
+    async def _pass(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limits = self.limits
+        started = scope.get("extensions", {}).get(HEAD_STARTED) or time.monotonic()
+        head_deadline = started + limits.header_timeout_s
+        public = scope["path"] in self.public
+        authorized = public or self._authorized(scope)
+        try:
+            length = _content_length(scope)
+            if not authorized:
+                if length > limits.max_unauth_body_bytes:  # not read: the connection cannot be reused
+                    raise self._refusal(close=True)
+                await _read_body(receive, length, deadline=head_deadline, stall_s=limits.io_timeout_s)
+                raise self._refusal(close=False)
+            limit = limits.max_unauth_body_bytes if public else limits.max_body_bytes
+            if length > limit:
+                why = " of a request without a valid token" if public else ""
+                raise HttpError(
+                    413,
+                    "payload_too_large",
+                    f"request body of {length} bytes is larger than the limit{why}, {limit} bytes",
+                    extra={"limit_bytes": limit},
+                    close=True,
+                )
+            body = await _read_body(
+                receive, length, deadline=head_deadline if public else None, stall_s=limits.io_timeout_s
+            )
+            if _CONTROL.search(scope["path"]):
+                # a route's regex ends with "$", which Python also finds before a final newline:
+                # "/healthz%0A" would be "/healthz". No route has a control character in its path.
+                raise HttpError(
+                    400, "invalid_argument", f"the path {scope['path']!r:.200} has a control character"
+                )
+        except HttpError as err:
+            await _answer(send, err)
+            return
+        except _Disconnected:
+            return  # the client left (or the transport answered a broken body itself)
+        await self.app(scope, _replay(body, receive), send)
+
+    def _refusal(self, *, close: bool) -> HttpError:
+        return HttpError(
+            401, "unauthorized", _UNAUTHORIZED, headers={"WWW-Authenticate": self._challenge}, close=close
+        )
+
+
+class _Disconnected(Exception):
+    """The client went away while its body was read."""
+
+
+def _content_length(scope: Scope) -> int:
+    """The declared body length (the transport has refused chunked and malformed framing; a server
+    without it gets the same refusals here)."""
+    values = [v for k, v in scope.get("headers", []) if k in (b"content-length", b"transfer-encoding")]
+    names = [k for k, _ in scope.get("headers", []) if k in (b"content-length", b"transfer-encoding")]
+    if b"transfer-encoding" in names:
+        raise HttpError(
+            411,
+            "length_required",
+            "send the body with a Content-Length (no chunked uploads, no Transfer-Encoding)",
+            close=True,
+        )
+    if not values:
+        return 0
+    if len(values) > 1:
+        raise HttpError(400, "invalid_argument", "more than one Content-Length header", close=True)
+    raw = bytes(values[0]).strip()
+    if not raw.isdigit() or not raw.isascii() or len(raw) > 18:
+        raise HttpError(400, "invalid_argument", f"Content-Length {raw!r:.40} is not a number", close=True)
+    return int(raw)
+
+
+async def _read_body(receive: Receive, length: int, *, deadline: float | None, stall_s: float) -> bytes:
+    """Exactly ``length`` bytes of body: each read waits at most ``stall_s`` and never past
+    ``deadline`` (a :func:`time.monotonic` time); 408 (connection closed) when one runs out."""
+    chunks: list[bytes] = []
+    got = 0
+    more = length > 0
+    while more:
+        wait = stall_s if deadline is None else min(stall_s, deadline - time.monotonic())
+        try:
+            if wait <= 0:
+                raise TimeoutError
+            message = await asyncio.wait_for(receive(), wait)
+        except TimeoutError:
+            raise HttpError(
+                408, "request_timeout", "the request body stopped arriving (connection closed)", close=True
+            ) from None
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        got += len(chunk)
+        if got > length:  # the server would not pass more than Content-Length: never trust that here
+            raise HttpError(
+                400, "invalid_argument", "request body longer than its Content-Length", close=True
+            )
+        chunks.append(chunk)
+        more = bool(message.get("more_body", False))
+    if got != length:
+        raise HttpError(
+            400,
+            "invalid_argument",
+            f"request body ended early: {got} of {length} bytes (connection closed)",
+            close=True,
+        )
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives the body read already, then waits on the client (a disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _answer(send: Send, err: HttpError) -> None:
+    await send({"type": "http.response.start", "status": err.status, "headers": err.head()})
+    await send({"type": "http.response.body", "body": err.encoded()})

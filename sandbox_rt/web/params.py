@@ -1,0 +1,63 @@
+"""What the routes of :mod:`.native` and :mod:`.processes` declare alike: the shared context, the
+path and query parameters, and the JSON body read and checked by :mod:`.bodies`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, Path, Query, Request
+from pydantic import AfterValidator, BaseModel
+
+from ..limits import HttpLimits
+from ..validation import check_sandbox_id, check_snapshot_name
+from . import schemas as s
+from .bodies import parse_body
+from .runtime import ManagerLike, SandboxCache
+
+__all__ = ["Context", "Ctx", "FilePath", "SandboxId", "SnapshotName", "json_body", "json_request"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclasses.dataclass
+class Context:
+    """What the routes share: the runtime, its attached sandboxes, the server's limits."""
+
+    manager: ManagerLike
+    cache: SandboxCache
+    limits: HttpLimits
+
+
+def _context(request: Request) -> Context:
+    ctx: Context = request.app.state.ctx
+    return ctx
+
+
+def json_body(model: type[M], what: str, *, required: bool = True) -> Callable[[Request], Awaitable[M]]:
+    async def read(request: Request) -> M:
+        return parse_body(await request.body(), model, what, required=required)
+
+    return read
+
+
+def json_request(model: type[BaseModel], *, required: bool = True) -> dict[str, Any]:
+    """The OpenAPI requestBody of a route whose body ``model`` validates (by hand, not by FastAPI,
+    so that the body's framing, JSON and kinds get this API's own error messages)."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": required, "content": {"application/json": {"schema": ref}}}}
+
+
+Ctx = Annotated[Context, Depends(_context)]
+SandboxId = Annotated[
+    str,
+    Path(description="The sandbox's id.", json_schema_extra={"pattern": s.SANDBOX_ID_PATTERN}),
+    AfterValidator(check_sandbox_id),
+]
+SnapshotName = Annotated[
+    str, Path(json_schema_extra={"pattern": s.SNAPSHOT_NAME_PATTERN}), AfterValidator(check_snapshot_name)
+]
+FilePath = Annotated[
+    str, Query(description="Absolute path inside the sandbox.", json_schema_extra={"pattern": "^/"})
+]

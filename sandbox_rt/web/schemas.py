@@ -1,0 +1,320 @@
+"""The request and answer bodies of the native HTTP API, in one place: the routes validate with
+them and the OpenAPI document is generated from them. Limits are quoted from
+:mod:`sandbox_rt.validation`, :mod:`sandbox_rt.caps` and :mod:`sandbox_rt.limits`, which the
+runtime enforces. Answers that are a runtime record as it is (status, snapshot, file entry) use the
+runtime's dataclasses from :mod:`sandbox_rt.models` directly.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..caps import MAX_DISK_IOPS, MAX_DISK_MBPS, MAX_NET_MBPS
+from ..limits import DEFAULT_MAX_OUTPUT
+from ..models import (
+    DEFAULT_CPUS,
+    DEFAULT_DISK_GB,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_PIDS_MAX,
+    DEFAULT_TEMPLATE,
+    EntryInfo,
+    SnapshotInfo,
+)
+from ..validation import (
+    MAX_DISK_GB,
+    MAX_EGRESS_ENTRIES,
+    MAX_PIDS_MAX,
+    MAX_TTL_S,
+    MIN_MEMORY_MB,
+    MIN_PIDS_MAX,
+    TEMPLATE_NAME,
+)
+from .kinds import Kind, exact
+
+SANDBOX_ID_PATTERN = exact("sbx-[0-9a-f]{10}")
+SNAPSHOT_NAME_PATTERN = exact("[A-Za-z][A-Za-z0-9_-]{1,39}")
+TEMPLATE_PATTERN = exact(TEMPLATE_NAME.pattern)
+LABEL_KEY_PATTERN = exact("[A-Za-z0-9_./-]{1,63}")
+ENV_NAME_PATTERN = exact("[A-Za-z_][A-Za-z0-9_]*")
+HOSTNAME_PATTERN = exact("(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+_LABELS_DOC = {
+    "propertyNames": {"pattern": LABEL_KEY_PATTERN},
+    "additionalProperties": {"type": "string", "maxLength": 256},
+    "examples": [{"agent": "a1"}],
+}
+_CAP_TEXT = {
+    "net_mbps": "Network bandwidth each way, Mbit/s (LXC: the runtime's SSH session is not counted).",
+    "disk_mbps": "Disk bandwidth, MB/s, each of read and write, on the host's sandbox storage.",
+    "disk_iops": "Disk operations per second, each of read and write, on the host's sandbox storage.",
+}
+
+
+def _cap(name: str, top: int) -> Any:
+    return Field(
+        default=None,
+        description=f"{_CAP_TEXT[name]} Default (absent or null): the host's default_{name}; 0: none.",
+        json_schema_extra={"minimum": 0, "maximum": top},
+    )
+
+
+# an answer's patterns are documentation (the server made the value): no regex engine runs them
+_SANDBOX_ID: Any = Field(json_schema_extra={"pattern": SANDBOX_ID_PATTERN, "examples": ["sbx-0123456789"]})
+
+
+class RequestBody(BaseModel):
+    """A JSON object body: unknown fields are refused, every field is checked for its JSON kind."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSandboxRequest(RequestBody):
+    """The arguments of sandbox_rt.Manager.create(); every field is optional."""
+
+    hostname: Annotated[Any, Kind("string", nullable=True, pattern=HOSTNAME_PATTERN)] = Field(
+        default=None, description="RFC 1123 host name (default: the sandbox id)."
+    )
+    cpus: Annotated[Any, Kind("number", exclusiveMinimum=0)] = Field(
+        default=DEFAULT_CPUS, description="<= host cores"
+    )
+    memory_mb: Annotated[Any, Kind("integer", minimum=MIN_MEMORY_MB)] = DEFAULT_MEMORY_MB
+    disk_gb: Annotated[Any, Kind("integer", minimum=1, maximum=MAX_DISK_GB)] = DEFAULT_DISK_GB
+    pids_max: Annotated[Any, Kind("integer", minimum=MIN_PIDS_MAX, maximum=MAX_PIDS_MAX)] = DEFAULT_PIDS_MAX
+    internet: Annotated[Any, Kind("boolean")] = Field(default=False, description="HTTP/HTTPS egress allowed")
+    labels: Annotated[Any, Kind("string_map", nullable=True, **_LABELS_DOC)] = None
+    ttl_s: Annotated[Any, Kind("integer", nullable=True, minimum=1, maximum=MAX_TTL_S)] = Field(
+        default=None,
+        description="Lifetime in seconds; gc/the reaper destroy it afterwards (default: the host's "
+        "default_ttl_s).",
+    )
+    detached: Annotated[Any, Kind("boolean")] = Field(
+        default=True,
+        description="True (the API's default): the sandbox lives by its TTL, not by the server "
+        "process, so a server restart does not make it an orphan.",
+    )
+    egress: Annotated[Any, Kind("string_list", nullable=True, maxItems=MAX_EGRESS_ENTRIES)] = Field(
+        default=None,
+        description="Without internet, reach only these IPv4 addresses, networks and domain names "
+        "(resolved by the host's DNS; lxc backend) on the internet ports.",
+    )
+    from_snapshot: Annotated[Any, Kind("string", nullable=True, pattern=SNAPSHOT_NAME_PATTERN)] = Field(
+        default=None,
+        description="Fork this snapshot (its files, a new identity) instead of the template; 404 if "
+        "there is none.",
+    )
+    net_mbps: Annotated[Any, Kind("integer", nullable=True)] = _cap("net_mbps", MAX_NET_MBPS)
+    disk_mbps: Annotated[Any, Kind("integer", nullable=True)] = _cap("disk_mbps", MAX_DISK_MBPS)
+    disk_iops: Annotated[Any, Kind("integer", nullable=True)] = _cap("disk_iops", MAX_DISK_IOPS)
+    root: Annotated[Any, Kind("boolean")] = Field(
+        default=False,
+        description="Root on request: commands may run as the sandbox's root (exec with user=root), "
+        "e.g. apt-get install through the egress list. The container stays unprivileged; never "
+        "taken from the warm pool.",
+    )
+    template: Annotated[Any, Kind("string", nullable=True, pattern=TEMPLATE_PATTERN)] = Field(
+        default=None,
+        description=f"Clone this named template (GET /v1/templates; default: {DEFAULT_TEMPLATE!r}); an "
+        "unknown name is a 400 naming the known ones. Not with from_snapshot (a fork has its "
+        "snapshot's template): 400.",
+    )
+
+
+class ExecRequest(RequestBody):
+    command: Annotated[Any, Kind("command")]
+    timeout: Annotated[Any, Kind("number", nullable=True, exclusiveMinimum=0)] = Field(
+        default=None,
+        description="Seconds; on expiry the command's process group is killed (504 or an error "
+        "event). Default: the host's command_timeout_s.",
+    )
+    cwd: Annotated[Any, Kind("string", nullable=True)] = Field(
+        default=None, description="Absolute path in the sandbox."
+    )
+    user: Annotated[Any, Kind("string", nullable=True, enum=["sandbox", "root", None])] = Field(
+        default=None,
+        description="Who runs it: the sandbox user (default) or root, in a sandbox made with "
+        "root=true (else 400).",
+    )
+    env: Annotated[Any, Kind("string_map", nullable=True, propertyNames={"pattern": ENV_NAME_PATTERN})] = None
+    stdin: Annotated[Any, Kind("string", nullable=True)] = Field(
+        default=None, description="Standard input as UTF-8 text."
+    )
+    stdin_b64: Annotated[Any, Kind("string", nullable=True, contentEncoding="base64")] = Field(
+        default=None, description="Standard input as base64 bytes (at most one of stdin, stdin_b64)."
+    )
+    encoding: Annotated[Any, Kind("string", enum=["utf-8", "base64"])] = Field(
+        default="utf-8",
+        description="How stdout/stderr are given back: UTF-8 text (undecodable bytes become U+FFFD) "
+        "or base64 of the exact bytes. Applies to SSE data as well.",
+    )
+    stream: Annotated[Any, Kind("boolean")] = Field(
+        default=None,
+        description="true: answer with server-sent events. Default: true if the Accept header names "
+        "text/event-stream, else false.",
+    )
+    max_output: Annotated[Any, Kind("integer", nullable=True, minimum=1)] = Field(
+        default=None,
+        description="Bytes of each stream kept in the result; the rest is dropped and counted "
+        f"(truncated, stdout_dropped, stderr_dropped). Default {DEFAULT_MAX_OUTPUT} (64 MiB). "
+        "Server-sent events carry all output regardless.",
+    )
+
+
+class InternetRequest(RequestBody):
+    enabled: Annotated[Any, Kind("boolean")]
+
+
+class EgressRequest(RequestBody):
+    egress: Annotated[Any, Kind("string_list", maxItems=MAX_EGRESS_ENTRIES)]
+
+
+class SnapshotRequest(RequestBody):
+    name: Annotated[Any, Kind("string", pattern=SNAPSHOT_NAME_PATTERN)]
+
+
+class ExtendRequest(RequestBody):
+    ttl_s: Annotated[Any, Kind("integer", minimum=1, maximum=MAX_TTL_S)] = Field(
+        description="The sandbox lives this many seconds from now (E2B's set_timeout)."
+    )
+
+
+class MkdirRequest(RequestBody):
+    path: Annotated[Any, Kind("string", pattern="^/")]
+    parents: Annotated[Any, Kind("boolean")] = True
+
+
+class RenameRequest(RequestBody):
+    src: Annotated[Any, Kind("string", pattern="^/")]
+    dst: Annotated[Any, Kind("string", pattern="^/")]
+
+
+# -- answers -----------------------------------------------------------------------------------------
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(
+        description="Stable machine-readable code, e.g. invalid_argument, unauthorized, not_found, "
+        "route_not_found, method_not_allowed, conflict, payload_too_large, command_timeout, "
+        "file_not_found, file_permission_denied, file_conflict, connection_lost, backend_error, "
+        "backend_permission_denied, sandbox_not_ready, insufficient_storage, internal_error, "
+        "request_timeout, length_required, uri_too_long, request_header_fields_too_large, server_busy."
+    )
+    message: str = Field(description="Human-readable; names the bad field.")
+    type: str | None = Field(default=None, description="The runtime's exception class.")
+    path: str | None = Field(default=None, description="File errors: the path in the sandbox.")
+    timeout_s: float | None = Field(default=None, description="command_timeout: the timeout.")
+    encoding: Literal["utf-8", "base64"] | None = None
+    stdout: str | None = Field(default=None, description="command_timeout: output so far.")
+    stderr: str | None = Field(default=None, description="command_timeout: output so far.")
+    limit_bytes: int | None = Field(default=None, description="payload_too_large: the limit.")
+    limit: int | None = Field(default=None, description="server_busy: the connection limit.")
+
+
+class Error(BaseModel):
+    error: ErrorDetail
+
+
+class Health(Answer):
+    status: Literal["ok"]
+    version: str
+
+
+class TemplateList(Answer):
+    templates: list[str] = Field(description=f"The names create takes, {DEFAULT_TEMPLATE!r} first.")
+
+
+class SandboxInfo(Answer):
+    """A list entry: what the engine knows without connecting to the sandbox."""
+
+    id: str = _SANDBOX_ID
+    hostname: str
+    ip: str
+    backend: str = Field(examples=["lxc", "proxmox"])
+    created_at: float = Field(description="Unix time")
+    expires_at: float | None
+    labels: dict[str, str]
+    cpus: float
+    memory_mb: int
+    disk_gb: int
+    pids_max: int
+    net_mbps: int
+    disk_mbps: int
+    disk_iops: int
+    root: bool = Field(description="Made with root=True (commands may run as root).")
+    template: str
+
+
+class SandboxList(Answer):
+    sandboxes: list[SandboxInfo]
+
+
+class _ExecSummary(Answer):
+    command: str = Field(description="The command line as run.")
+    exit_code: int = Field(description="Non-zero exits are results, not errors.")
+    duration_s: float
+    truncated: bool = Field(description="Output past max_output was dropped.")
+    stdout_dropped: int = Field(ge=0, description="stdout bytes dropped.")
+    stderr_dropped: int = Field(ge=0, description="stderr bytes dropped.")
+
+
+class ExecResult(_ExecSummary):
+    encoding: Literal["utf-8", "base64"]
+    stdout: str
+    stderr: str
+
+
+class ExecExitEvent(_ExecSummary):
+    """data of the final `event: exit` server-sent event."""
+
+
+class ExecOutputEvent(Answer):
+    """data of an `event: stdout` / `event: stderr` server-sent event."""
+
+    data: str = Field(description="A chunk in the request's encoding.")
+
+
+class ExecErrorEvent(Answer):
+    """data of a final `event: error` server-sent event (instead of exit): the HTTP status the error
+    would have had, and the Error body (without the output, already streamed)."""
+
+    status: int
+    error: ErrorDetail
+
+
+class InternetState(Answer):
+    id: str = _SANDBOX_ID
+    internet: bool
+
+
+class EgressState(Answer):
+    id: str = _SANDBOX_ID
+    egress: list[str]
+
+
+class SnapshotList(Answer):
+    snapshots: list[SnapshotInfo]
+
+
+class EntryList(Answer):
+    entries: list[EntryInfo]
+
+
+class MkdirResult(Answer):
+    path: str
+    created: bool = Field(description="False: it was there already.")
+
+
+class FileWritten(Answer):
+    path: str
+    size: int = Field(ge=0)
+
+
+SSE_EVENTS: dict[str, type[BaseModel]] = {
+    "stdout": ExecOutputEvent,
+    "stderr": ExecOutputEvent,
+    "exit": ExecExitEvent,
+    "error": ExecErrorEvent,
+}
