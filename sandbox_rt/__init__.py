@@ -23,6 +23,7 @@ from .errors import (
     SandboxNotFound,
     SandboxNotReady,
     SnapshotNotFound,
+    StateConflict,
 )
 from .manager import GcResult, Manager
 from .models import (
@@ -68,6 +69,7 @@ __all__ = [
     "Settings",
     "SnapshotInfo",
     "SnapshotNotFound",
+    "StateConflict",
     "__version__",
     "remote",
 ]

@@ -186,6 +186,12 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8787, help="the port to listen on")
     sv.add_argument("--token-file", help="file with the bearer token, mode 0600 (else $SANDBOX_RT_API_TOKEN)")
     sv.add_argument(
+        "--opensandbox-port",
+        type=int,
+        metavar="PORT",
+        help="also serve the OpenSandbox dialect (lifecycle + execd) on this port, same host and token",
+    )
+    sv.add_argument(
         "--max-body-mb",
         type=int,
         default=HTTP_LIMITS.max_body_bytes >> 20,
@@ -465,6 +471,7 @@ class _Cli:
             a.port,
             token=token,
             limits=limits,
+            opensandbox_port=a.opensandbox_port,
             on_ready=lambda url: self.progress(f"listening on {url}"),
         )
         return 0

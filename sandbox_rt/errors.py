@@ -38,6 +38,12 @@ class ConfigError(SandboxError, ValueError):
     """A setting or an argument is invalid; raised before anything is changed."""
 
 
+class StateConflict(ConfigError):
+    """A well-formed request that the current state refuses: a snapshot name that is taken, root
+    asked of a sandbox made without it. A ConfigError (callers that catch those still do); the HTTP
+    API answers it 409, not 400."""
+
+
 class BackendError(SandboxError):
     """The container engine (LXC, Proxmox) failed at a step; the message says which and why."""
 

@@ -18,10 +18,14 @@ __all__ = ["Command", "ExecStream", "command_text", "result_of"]
 Command = str | Sequence[str]
 
 
+# what a command of nothing but is empty: ASCII blanks, the same in the HTTP API's document (whose
+# regexes are ECMA-262's, whose \s differs from Python's str.strip())
+COMMAND_BLANKS = " \t\n\r\f\v"
+
 def command_text(command: Command) -> str:
     """A string runs in the sandbox's bash as written; a list is quoted exactly, word by word."""
     if isinstance(command, str):
-        if not command.strip():
+        if not command.strip(COMMAND_BLANKS):
             raise ConfigError("command is empty")
         if "\x00" in command:
             raise ConfigError(f"command {command[:60]!r} contains a NUL byte")

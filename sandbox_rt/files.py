@@ -133,7 +133,7 @@ class Files:
         Absent is fine. ``/`` is never removed."""
         p = self._path(path)
         if p == "/":
-            raise ConfigError("refusing to remove /")
+            raise FileOperationError(errno.EPERM, "remove: refusing to remove /", "/")
         attrs = self._ssh.stat(p, follow_symlinks=False)
         if attrs is None:
             return

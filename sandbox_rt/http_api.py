@@ -28,6 +28,7 @@ from .errors import ConfigError
 from .limits import HTTP_LIMITS, HttpLimits
 from .web.app import build_app
 from .web.errors import HttpError
+from .web.params import Context
 from .web.runtime import ManagerLike, SandboxCache, SandboxLike
 from .web.tokens import TOKEN_ENV, check_token, is_loopback, load_token
 from .web.transport import HttpService, Site
@@ -51,7 +52,6 @@ log = logging.getLogger(__name__)
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
 DEFAULT_MAX_BODY_BYTES = HTTP_LIMITS.max_body_bytes  # the limits themselves live in sandbox_rt.limits
-_check_token, _is_loopback = check_token, is_loopback  # TEMP: mcp_transport until it imports web.tokens
 
 
 class ApiServer:
@@ -72,6 +72,7 @@ class ApiServer:
         port: int = 0,
         max_body_bytes: int | None = None,
         limits: HttpLimits = HTTP_LIMITS,
+        opensandbox_port: int | None = None,
     ) -> None:
         token = check_token(token, "the token argument")  # refuse to start without a usable token
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
@@ -81,9 +82,16 @@ class ApiServer:
         if max_body_bytes is not None:
             limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)  # validated there
         self.limits = limits
-        app = build_app(manager, token=token, limits=limits)
-        self.cache: SandboxCache = app.app.state.ctx.cache  # type: ignore[attr-defined]
-        self._service = HttpService([Site(app, host, port)], limits=limits)
+        ctx = Context(manager, SandboxCache(manager), limits)  # one runtime, one cache, for every site
+        self.cache = ctx.cache
+        sites = [Site(build_app(manager, token=token, limits=limits, ctx=ctx), host, port)]
+        if opensandbox_port is not None:
+            from .web.opensandbox.app import build_opensandbox_app
+
+            if opensandbox_port == port and port != 0:
+                raise ConfigError(f"--opensandbox-port {opensandbox_port} is the native API's port")
+            sites.append(Site(build_opensandbox_app(ctx, token=token), host, opensandbox_port))
+        self._service = HttpService(sites, limits=limits)
         if not is_loopback(host):
             log.warning("the HTTP API listens on %s, not loopback: the token travels in clear text", host)
         self._stopped = False
@@ -99,6 +107,11 @@ class ApiServer:
     @property
     def url(self) -> str:
         return self._service.url(0)
+
+    @property
+    def opensandbox_url(self) -> str | None:
+        """The OpenSandbox dialect's base URL (its lifecycle API is under ``/v1``), if served."""
+        return self._service.url(1) if len(self._service.addresses) > 1 else None
 
     @property
     def connections(self) -> int:
@@ -148,6 +161,7 @@ def serve(
     token: str,
     max_body_bytes: int | None = None,
     limits: HttpLimits = HTTP_LIMITS,
+    opensandbox_port: int | None = None,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serve the HTTP API until SIGINT/SIGTERM (blocking). ``on_ready(url)`` is called once listening.
@@ -155,11 +169,19 @@ def serve(
     Refuses to start (ConfigError) without a token of at least 16 characters.
     """
     server = ApiServer(
-        manager, token=token, host=host, port=port, max_body_bytes=max_body_bytes, limits=limits
+        manager,
+        token=token,
+        host=host,
+        port=port,
+        max_body_bytes=max_body_bytes,
+        limits=limits,
+        opensandbox_port=opensandbox_port,
     )
     try:
         if on_ready is not None:
             on_ready(server.url)
+            if server.opensandbox_url is not None:
+                on_ready(f"{server.opensandbox_url} (OpenSandbox)")
         server.serve_forever()
     except KeyboardInterrupt:
         log.info("HTTP API stopping")

@@ -16,7 +16,7 @@ from .caps import (
     MAX_DISK_MBPS,
     MAX_NET_MBPS,
 )
-from .errors import ConfigError
+from .errors import ConfigError, StateConflict
 from .models import (
     DEFAULT_CPUS,
     DEFAULT_DISK_GB,
@@ -27,6 +27,7 @@ from .models import (
 )
 
 __all__ = [
+    "MAX_MEMORY_MB",
     "check_egress",
     "check_env",
     "check_hostname",
@@ -49,6 +50,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SANDBOX_ID = re.compile(r"\Asbx-[0-9a-f]{10}\Z")
 
 MIN_MEMORY_MB = 64
+MAX_MEMORY_MB = 1 << 30  # 1 PiB: larger than any host, small enough for every engine's field
 MAX_DISK_GB = 4096
 MIN_PIDS_MAX = 16
 MAX_PIDS_MAX = 1 << 22  # the kernel's largest pid_max
@@ -112,7 +114,7 @@ def make_spec(
     m = _number("memory_mb", memory_mb, integer=True)
     if m < MIN_MEMORY_MB:
         raise ConfigError(f"memory_mb={memory_mb!r} must be at least {MIN_MEMORY_MB}")
-    if m > 1 << 30:
+    if m > MAX_MEMORY_MB:
         raise ConfigError(f"memory_mb={memory_mb!r} is larger than any host")
     d = _number("disk_gb", disk_gb, integer=True)
     if not 1 <= d <= MAX_DISK_GB:
@@ -322,5 +324,5 @@ def check_user(user: object, *, default: str, root_allowed: bool) -> str:
             f"user={user!r}: commands run as {default!r} or, in a sandbox made with root=True, 'root'"
         )
     if not root_allowed:
-        raise ConfigError("user='root' needs a sandbox made with root=True (create(root=True))")
+        raise StateConflict("user='root' needs a sandbox made with root=True (create(root=True))")
     return ROOT_USER

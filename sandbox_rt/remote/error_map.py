@@ -25,6 +25,7 @@ from ..errors import (
     SandboxNotFound,
     SandboxNotReady,
     SnapshotNotFound,
+    StateConflict,
 )
 from ..limits import DEFAULT_MAX_OUTPUT
 from .answers import MAX_MESSAGE, STEP, read_b64
@@ -137,5 +138,5 @@ def error_from_answer(
         cls = FirewallDisabled if kind == "FirewallDisabled" else BackendError
         return cls(message)
     if code == "conflict":
-        return SandboxError(message)
+        return StateConflict(message) if kind == "StateConflict" else SandboxError(message)
     return BackendError(f"{message} (HTTP {status}, {code})", step=STEP)

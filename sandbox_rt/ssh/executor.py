@@ -37,7 +37,7 @@ from ..errors import (
 from ..limits import DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES, STREAM_QUEUE_CHUNKS
 from ..models import OutputChunk
 from . import wire
-from .files import check_entry_name, read_script, receive_file
+from .files import Op, check_entry_name, explain, is_directory, name_too_long, read_script, receive_file
 from .markers import ChunkSink, Demux, Markers
 
 __all__ = ["RawResult", "SSHExecutor", "load_private_key", "parse_public_key"]
@@ -82,6 +82,19 @@ class _SynTimeout(OSError):
     """The TCP connect got no answer in time (retried at once with a new SYN)."""
 
 
+@contextlib.contextmanager
+def _explained(sftp: wire.BoundedSFTPClient, op: Op, path: str, dst: str | None = None) -> Iterator[None]:
+    """An SFTP failure the server did not explain (OpenSSH's generic FAILURE...) as the error it
+    stands for (see :func:`.files.explain`); only on failure, the success path asks nothing more."""
+    try:
+        yield
+    except OSError as exc:
+        why = None if isinstance(exc, FileOperationError) else explain(sftp, op, exc, path, dst)
+        if why is None:
+            raise
+        raise why from exc
+
+
 class RawResult:
     """Output and status of one finished command (the executor's own, before timing).
 
@@ -120,7 +133,7 @@ class SSHExecutor:
         self._host_key = host_key
         self._connect_timeout = connect_timeout_s
         self._client: paramiko.SSHClient | None = None
-        self._sftp: paramiko.SFTPClient | None = None
+        self._sftp: wire.BoundedSFTPClient | None = None
         self._lock = threading.RLock()
         self._sftp_lock = threading.Lock()
         self._channels = threading.BoundedSemaphore(MAX_PARALLEL_CHANNELS)
@@ -438,7 +451,7 @@ class SSHExecutor:
 
     # -- files -----------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _sftp_client(self, what: str, path: str) -> Iterator[paramiko.SFTPClient]:
+    def _sftp_client(self, what: str, path: str) -> Iterator[wire.BoundedSFTPClient]:
         with self._sftp_lock:
             try:
                 if self._sftp is None or not self.is_connected():
@@ -456,9 +469,11 @@ class SSHExecutor:
             except OSError as exc:
                 if isinstance(exc, FileOperationError):
                     raise
+                if exc.errno is None and name_too_long(path):  # OpenSSH: "Bad message"
+                    raise FileOperationError(errno.ENAMETOOLONG, f"{what}: a name is too long", path) from exc
                 code = exc.errno or errno.EIO
                 raise FileOperationError(code, f"{what}: {exc.strerror or exc}", path) from exc
-            except (paramiko.SSHException, EOFError, UnicodeError) as exc:
+            except (paramiko.SSHException, paramiko.SFTPError, EOFError, UnicodeError) as exc:
                 # a protocol error (or a name that is not UTF-8) leaves the session in an unknown state
                 self._reset_sftp()
                 if isinstance(exc, UnicodeError):
@@ -483,7 +498,11 @@ class SSHExecutor:
     def put_stream(self, src: IO[bytes], path: str, mode: int | None = None) -> int:
         """Copy a local stream into ``path`` in chunks (never the whole file in memory)."""
         total = 0
-        with self._sftp_client("write", path) as sftp, sftp.open(path, "wb") as remote:
+        with (
+            self._sftp_client("write", path) as sftp,
+            _explained(sftp, "write", path),  # after the file's close, before the session is handed back
+            sftp.open(path, "wb") as remote,
+        ):
             remote.set_pipelined(True)
             while chunk := src.read(_SFTP_CHUNK):
                 remote.write(chunk)
@@ -531,21 +550,21 @@ class SSHExecutor:
 
     def remove(self, path: str) -> None:
         """Remove a file or symlink (not a directory)."""
-        with self._sftp_client("remove", path) as sftp:
+        with self._sftp_client("remove", path) as sftp, _explained(sftp, "remove", path):
             sftp.remove(path)
 
     def rmdir(self, path: str) -> None:
         """Remove an empty directory."""
-        with self._sftp_client("rmdir", path) as sftp:
+        with self._sftp_client("rmdir", path) as sftp, _explained(sftp, "rmdir", path):
             sftp.rmdir(path)
 
     def mkdir(self, path: str, mode: int = 0o755) -> None:
-        with self._sftp_client("mkdir", path) as sftp:
+        with self._sftp_client("mkdir", path) as sftp, _explained(sftp, "mkdir", path):
             sftp.mkdir(path, mode)
 
     def rename(self, src: str, dst: str) -> None:
         """Move ``src`` to ``dst``, replacing a file there (POSIX rename semantics)."""
-        with self._sftp_client("rename", src) as sftp:
+        with self._sftp_client("rename", src) as sftp, _explained(sftp, "rename", src, dst):
             sftp.posix_rename(src, dst)
 
     def makedirs(self, path: str) -> None:
@@ -559,7 +578,15 @@ class SSHExecutor:
                 try:
                     attrs = sftp.stat(directory)
                 except FileNotFoundError:
-                    sftp.mkdir(directory)
+                    try:
+                        sftp.mkdir(directory)
+                    except OSError as exc:
+                        if is_directory(sftp, directory):  # made meanwhile (a concurrent mkdir): fine
+                            continue
+                        why = explain(sftp, "mkdir", exc, directory)
+                        if why is None:
+                            raise
+                        raise why from exc
                     continue
                 if not stat.S_ISDIR(attrs.st_mode or 0):
                     raise FileOperationError(errno.ENOTDIR, "mkdir: not a directory", directory)

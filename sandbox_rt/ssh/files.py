@@ -11,20 +11,40 @@ then the bytes. The host trusts none of it: the size line is parsed strictly, a 
 ``max_bytes`` is refused at once (EFBIG), and whatever the size said, the host takes at most
 ``max_bytes`` bytes (files in /proc say 0 and have more; a growing file may have more than it said):
 a server that lies about either costs the host at most ``max_bytes``.
+
+Why an SFTP request failed (:func:`explain`): OpenSSH's sftp-server answers most errors with the
+generic FAILURE and EINVAL or ENAMETOOLONG with BAD_MESSAGE ("Bad message"); ENOTDIR becomes "no such
+file". When it does, the host looks at the entries involved (``lstat``, at most a first READDIR
+reply, ``realpath``; only after a failure, never on the way to a success) and names the cause:
+EISDIR, ENOTDIR, ENOTEMPTY, EEXIST, EINVAL, ENAMETOOLONG (that one from the path alone); EIO when
+nothing explains it. What the sandbox answers to those looks only picks among these errnos (the
+messages are ours, the paths the caller's): a lying server can make the cause wrong, never the error
+untyped or unbounded.
 """
 
 from __future__ import annotations
 
 import errno
+import posixpath
 import shlex
-from typing import IO
+import stat
+from collections.abc import Callable
+from typing import IO, Literal, Protocol
 
 import paramiko
 
 from ..errors import FileOperationError
 from ..limits import FILE_IDLE_TIMEOUT_S, MAX_NAME_BYTES
 
-__all__ = ["check_entry_name", "read_script", "receive_file"]
+__all__ = [
+    "Looks",
+    "check_entry_name",
+    "explain",
+    "is_directory",
+    "name_too_long",
+    "read_script",
+    "receive_file",
+]
 
 _CHUNK = 1 << 20
 _SIZE_LINE_MAX = 24  # "18446744073709551615\n" and change
@@ -40,6 +60,7 @@ _SAID_ERRORS = {
     "Permission denied": (errno.EACCES, "permission denied in the sandbox"),
     "Not a directory": (errno.ENOTDIR, "a parent is not a directory"),
     "Is a directory": (errno.EISDIR, "is a directory"),
+    "File name too long": (errno.ENAMETOOLONG, "a name is too long"),
 }
 
 
@@ -166,3 +187,162 @@ def check_entry_name(name: object, directory: str) -> str:
             errno.ENAMETOOLONG, f"download: the sandbox listed a {size}-byte name {shown}", directory
         )
     return name
+
+
+# -- why an SFTP request failed -------------------------------------------------------------------
+_PATH_MAX = 4096  # bytes of a path Linux takes, with its NUL
+
+Kind = Literal["dir", "other", "some"]
+Op = Literal["write", "remove", "rmdir", "mkdir", "rename"]
+
+
+class Looks(Protocol):
+    """What :func:`explain` asks of the SFTP session (``wire.BoundedSFTPClient`` is one)."""
+
+    def stat(self, path: str) -> paramiko.SFTPAttributes: ...
+
+    def lstat(self, path: str) -> paramiko.SFTPAttributes: ...
+
+    def normalize(self, path: str) -> str: ...
+
+    def has_entries(self, path: str) -> bool: ...
+
+
+def name_too_long(*paths: str) -> bool:
+    """Whether a path is longer than Linux takes or has a name longer than ``MAX_NAME_BYTES``."""
+    for path in paths:
+        raw = path.encode("utf-8", "replace")
+        if len(raw) >= _PATH_MAX or any(len(name) > MAX_NAME_BYTES for name in raw.split(b"/")):
+            return True
+    return False
+
+
+def _kind(sftp: Looks, path: str, *, follow: bool = False) -> Kind | None:
+    """What is at ``path`` as the sandbox says: "dir", "other" (not a directory) or "some" (there, of
+    a type it did not say); None if nothing is there or it would not say."""
+    try:
+        attrs = sftp.stat(path) if follow else sftp.lstat(path)
+    except (OSError, EOFError):
+        return None
+    mode = attrs.st_mode
+    if not isinstance(mode, int) or not 0 <= mode < 1 << 32 or not stat.S_IFMT(mode):
+        return "some"
+    return "dir" if stat.S_ISDIR(mode) else "other"
+
+
+def is_directory(sftp: Looks, path: str) -> bool:
+    """Whether ``path`` is (or leads by symlinks to) a directory, as the sandbox says."""
+    return _kind(sftp, path, follow=True) == "dir"
+
+
+def _not_empty(sftp: Looks, path: str) -> bool:
+    try:
+        return sftp.has_entries(path)
+    except (OSError, EOFError):
+        return False
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _into_itself(sftp: Looks, src: str, dst: str) -> bool:
+    """Whether the directory ``src`` is ``dst``'s parent or above it, by the names or where their
+    symlinks lead (``src`` itself is not followed: a rename moves a link, not its target)."""
+    if _under(dst, src):
+        return True
+    try:
+        parent = sftp.normalize(posixpath.dirname(dst))
+        real = posixpath.join(sftp.normalize(posixpath.dirname(src)), posixpath.basename(src))
+    except (OSError, EOFError, UnicodeError):
+        return False
+    return _under(parent, real)
+
+
+def _write_failed(sftp: Looks, path: str, exc: OSError) -> tuple[int, str] | None:
+    if exc.errno is None and _kind(sftp, path, follow=True) == "dir":  # open follows symlinks
+        return errno.EISDIR, "is a directory"
+    if exc.errno == errno.ENOENT and _kind(sftp, posixpath.dirname(path), follow=True) == "other":
+        return errno.ENOTDIR, "a parent is not a directory"
+    return None
+
+
+def _remove_failed(sftp: Looks, path: str, exc: OSError) -> tuple[int, str] | None:
+    if exc.errno is None and _kind(sftp, path) == "dir":
+        return errno.EISDIR, "is a directory"
+    return None
+
+
+def _rmdir_failed(sftp: Looks, path: str, exc: OSError) -> tuple[int, str] | None:
+    if exc.errno not in (None, errno.ENOENT):
+        return None
+    kind = _kind(sftp, path)
+    if kind == "other":  # OpenSSH says "no such file" for ENOTDIR
+        return errno.ENOTDIR, "not a directory"
+    if exc.errno is None and kind == "dir" and _not_empty(sftp, path):
+        return errno.ENOTEMPTY, "the directory is not empty"
+    return None
+
+
+def _mkdir_failed(sftp: Looks, path: str, exc: OSError) -> tuple[int, str] | None:
+    if exc.errno is None:
+        kind = _kind(sftp, path)  # a dangling symlink is in the way too
+        if kind == "dir":
+            return errno.EEXIST, "the directory already exists"
+        if kind is not None:
+            return errno.EEXIST, "a file is in the way"
+    if exc.errno == errno.ENOENT and _kind(sftp, posixpath.dirname(path), follow=True) == "other":
+        return errno.ENOTDIR, "a parent is not a directory"
+    return None
+
+
+def _rename_failed(sftp: Looks, src: str, dst: str, exc: OSError) -> tuple[int, str] | None:
+    if exc.errno not in (None, errno.ENOENT):
+        return None
+    kind = _kind(sftp, src)
+    if kind is None:  # src is missing (or the sandbox will not say): its own answer stands
+        return None
+    if exc.errno is None and kind == "dir" and _into_itself(sftp, src, dst):
+        return errno.EINVAL, "cannot move a directory into itself"
+    there = _kind(sftp, dst)
+    if kind == "dir" and there == "other":  # OpenSSH says "no such file" for ENOTDIR
+        return errno.ENOTDIR, "the destination is not a directory"
+    if exc.errno is None and kind == "dir" and there == "dir" and _not_empty(sftp, dst):
+        return errno.ENOTEMPTY, "the destination is a directory that is not empty"
+    if exc.errno is None and kind != "dir" and there == "dir":
+        return errno.EISDIR, "the destination is a directory"
+    parent = posixpath.dirname(dst)
+    if exc.errno == errno.ENOENT and there is None and _kind(sftp, parent, follow=True) == "other":
+        return errno.ENOTDIR, "a parent of the destination is not a directory"
+    return None
+
+
+def explain(
+    sftp: Looks, op: Op, exc: OSError, path: str, dst: str | None = None
+) -> FileOperationError | None:
+    """The error ``exc`` (an SFTP answer to ``op`` on ``path``, ``dst`` for a rename) stands for, found
+    out by looking at the entries involved; None if its own errno stands (or nothing explains it).
+
+    Only a status without errno (FAILURE, BAD_MESSAGE...) or "no such file" (which OpenSSH also says
+    for ENOTDIR) is looked into; "permission denied" stands as it is.
+    """
+    paths = (path,) if dst is None else (path, dst)
+    if exc.errno is None and name_too_long(*paths):
+        found: tuple[int, str] | None = (errno.ENAMETOOLONG, "a name is too long")
+    elif op == "rename":
+        found = _rename_failed(sftp, path, dst or path, exc)
+    else:
+        found = _EXPLAIN[op](sftp, path, exc)
+    if found is None:
+        return None
+    number, why = found
+    return FileOperationError(number, f"{op}: {why}", path)  # like every rename error, named by src
+
+
+_Why = Callable[[Looks, str, OSError], tuple[int, str] | None]
+_EXPLAIN: dict[str, _Why] = {
+    "write": _write_failed,
+    "remove": _remove_failed,
+    "rmdir": _rmdir_failed,
+    "mkdir": _mkdir_failed,
+}

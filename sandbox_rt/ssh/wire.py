@@ -8,14 +8,17 @@ how paramiko sends and receives channel data.
   (:func:`send_locked`: paramiko's own ``sendall``/``shutdown_write`` race a concurrent CLOSE).
 - The server must respect the receive window we advertise: paramiko buffers whatever arrives, so a
   lying server could fill the host's memory. :class:`BoundedTransport` drops the connection instead.
-- SFTP replies are bounded in size (:class:`BoundedSFTPClient`).
+- SFTP replies are bounded in size, their counts checked against their bytes, status texts cut
+  (:class:`BoundedSFTPClient`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -23,12 +26,25 @@ from typing import Any
 
 import paramiko
 from paramiko.common import MSG_CHANNEL_DATA, MSG_CHANNEL_EXTENDED_DATA
+from paramiko.sftp import (
+    CMD_ATTRS,
+    CMD_CLOSE,
+    CMD_HANDLE,
+    CMD_NAME,
+    CMD_OPENDIR,
+    CMD_READDIR,
+    SFTP_EOF,
+    SFTP_NO_SUCH_FILE,
+    SFTP_OK,
+    SFTP_PERMISSION_DENIED,
+)
 
 from ..limits import SFTP_MAX_PACKET
 
 __all__ = [
     "PREFERRED_CIPHERS",
     "PREFERRED_MACS",
+    "STATUS_TEXT_MAX",
     "BoundedSFTPClient",
     "BoundedTransport",
     "WindowViolation",
@@ -181,8 +197,18 @@ def make_transport(
 
 
 class BoundedSFTPClient(paramiko.SFTPClient):
-    """An SFTP client that refuses replies larger than :data:`~sandbox_rt.limits.SFTP_MAX_PACKET`
-    (paramiko reads any size below 16 MiB into memory)."""
+    """paramiko's SFTP client, bounded against a lying server:
+
+    - replies larger than :data:`~sandbox_rt.limits.SFTP_MAX_PACKET` are refused (paramiko reads
+      any size below 16 MiB into memory);
+    - a NAME or ATTRS reply whose counts promise more than its bytes hold is refused: paramiko pads
+      a short reply with zeros, so an extended-attribute count of 2**32 - 1 in one ``stat`` answer
+      kept it parsing empty strings for half an hour (measured: 0.46 s per million);
+    - a status text is cut to :data:`STATUS_TEXT_MAX` characters, bad UTF-8 replaced (paramiko
+      raised UnicodeDecodeError; it ends up in the messages of our errors).
+
+    :meth:`has_entries` asks whether a directory is empty without reading its whole listing.
+    """
 
     def _read_packet(self) -> tuple[int, bytes]:
         head = self._read_all(4)  # type: ignore[attr-defined]
@@ -192,7 +218,95 @@ class BoundedSFTPClient(paramiko.SFTPClient):
         data: bytes = self._read_all(size)  # type: ignore[attr-defined]
         if size == 0:
             return 0, b""
-        return data[0], data[1:]
+        kind, body = data[0], data[1:]
+        if kind in (CMD_NAME, CMD_ATTRS) and not _counts_fit(kind, body):
+            raise paramiko.SFTPError(f"SFTP reply refused: its counts promise more than its {size} bytes")
+        return kind, body
+
+    def _convert_status(self, msg: paramiko.Message) -> None:
+        """paramiko's, with the text bounded: EOFError at the end of a listing or file,
+        FileNotFoundError, PermissionError, or a plain OSError (no errno) for any other status."""
+        code = msg.get_int()
+        text = msg.get_string()[: STATUS_TEXT_MAX * 4].decode("utf-8", "replace")[:STATUS_TEXT_MAX]
+        if code == SFTP_OK:
+            return
+        if code == SFTP_EOF:
+            raise EOFError(text)
+        if code == SFTP_NO_SUCH_FILE:
+            raise FileNotFoundError(errno.ENOENT, text)
+        if code == SFTP_PERMISSION_DENIED:
+            raise PermissionError(errno.EACCES, text)
+        raise OSError(text)
+
+    def has_entries(self, path: str) -> bool:
+        """Whether directory ``path`` lists a name besides ``.`` and ``..`` in its first READDIR
+        reply (OpenSSH's sftp-server puts up to 100 names in one). Raises OSError as ``stat`` does."""
+        kind, msg = self._request(CMD_OPENDIR, path)  # type: ignore[attr-defined]
+        if kind != CMD_HANDLE:
+            raise paramiko.SFTPError("Expected handle")
+        handle = msg.get_binary()
+        try:
+            kind, msg = self._request(CMD_READDIR, handle)  # type: ignore[attr-defined]
+        except (OSError, EOFError) as exc:  # a status (EOF: nothing listed at all)
+            self._close_handle(handle)
+            if isinstance(exc, EOFError):
+                return False
+            raise
+        if kind != CMD_NAME:  # out of step: the caller drops the session, no CLOSE
+            raise paramiko.SFTPError("Expected name response")
+        self._close_handle(handle)
+        count = msg.get_int()  # the reply's counts fit its bytes (_read_packet)
+        if count > 2:  # a directory has only two names that are not entries
+            return True
+        for _ in range(count):
+            name = msg.get_string()
+            msg.get_string()  # the long name
+            paramiko.SFTPAttributes._from_msg(msg)  # type: ignore[attr-defined]
+            if name not in (b".", b".."):
+                return True
+        return False
+
+    def _close_handle(self, handle: bytes) -> None:
+        with contextlib.suppress(OSError, EOFError):
+            self._request(CMD_CLOSE, handle)  # type: ignore[attr-defined]
+
+
+STATUS_TEXT_MAX = 200  # characters of an SFTP status text kept
+_U32 = struct.Struct(">I")
+# the bytes after the flags of SFTP attributes by the flags' low 4 bits (size 8, uid and gid 8,
+# permissions 4, atime and mtime 8); the extended pairs come after them
+_ATTR_FIXED = tuple(8 * (low & 1) + 4 * (low & 2) + (low & 4) + (low & 8) for low in range(16))
+
+
+def _counts_fit(kind: int, body: bytes) -> bool:
+    """Whether every length and count in a NAME or ATTRS reply (after its type byte) fits in it."""
+    size, u32 = len(body), _U32.unpack_from
+    try:
+        pos, count = 4, 1  # after the request id; an ATTRS reply holds one set of attributes
+        if kind == CMD_NAME:
+            (count,), pos = u32(body, 4), 8
+            if count * 12 > size - pos:  # an entry takes at least 12 bytes (two empty strings, flags)
+                return False
+        for _ in range(count):
+            if kind == CMD_NAME:
+                for _ in (0, 1):  # the name and the long name
+                    (n,) = u32(body, pos)
+                    pos += 4 + n
+            (flags,) = u32(body, pos)
+            pos += 4 + _ATTR_FIXED[flags & 0xF]
+            if flags & paramiko.SFTPAttributes.FLAG_EXTENDED:
+                (pairs,) = u32(body, pos)
+                pos += 4
+                if pairs * 8 > size - pos:  # a pair takes at least 8 bytes (two empty strings)
+                    return False
+                for _ in range(2 * pairs):
+                    (n,) = u32(body, pos)
+                    pos += 4 + n
+            if pos > size:
+                return False
+        return True
+    except struct.error:  # a length or count past the end
+        return False
 
 
 # -- sending: never after the channel closed -----------------------------------------------------

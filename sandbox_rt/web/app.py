@@ -8,13 +8,15 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio.to_thread
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
@@ -82,61 +84,75 @@ def openapi_document_cached() -> dict[str, Any]:
 
 def openapi_document() -> dict[str, Any]:
     """A fresh copy of the OpenAPI 3.1 document of the native HTTP API."""
-    import copy
-
     return copy.deepcopy(openapi_document_cached())
 
 
-def _error_response(err: HttpError) -> Response:
+def served_document(manager: ManagerLike) -> dict[str, Any]:
+    """The document as this server serves it: what only this host knows made exact (the template
+    names it has, its cores), so that every request the document allows is one the host accepts."""
+    doc = openapi_document()
+    create = doc["components"]["schemas"]["CreateSandboxRequest"]["properties"]
+    create["template"]["enum"] = [*manager.templates(), None]
+    create["cpus"]["maximum"] = os.cpu_count() or 1
+    return doc
+
+
+def _error_response(err: HttpError, render: Callable[[HttpError], bytes] = HttpError.encoded) -> Response:
     headers = dict(err.headers)
     if err.close:
         headers["Connection"] = "close"
-    return Response(err.encoded(), status_code=err.status, media_type="application/json", headers=headers)
+    return Response(render(err), status_code=err.status, media_type="application/json", headers=headers)
 
 
-def _allowed_methods(path: str) -> list[str]:
+def _allowed_methods(path: str, routers: Sequence[APIRouter]) -> list[str]:
     """The methods the routes declare on ``path`` (FastAPI would name only the first route's)."""
     methods: set[str] = set()
-    for route in (r for router in ROUTERS for r in router.routes):
+    for route in (r for router in routers for r in router.routes):
         regex, declared = getattr(route, "path_regex", None), getattr(route, "methods", None)
         if regex is not None and declared and regex.match(path):
             methods |= set(declared)
     return sorted(methods - {"HEAD"})
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Every error as ``{"error": {"code", "message", ...}}``: the runtime's (its table), bad
-    parameters (400, not FastAPI's 422), unknown routes and methods (404, 405 with Allow), and
-    anything unexpected (500, details only in the log)."""
+def install_error_handlers(
+    app: FastAPI,
+    render: Callable[[HttpError], bytes] = HttpError.encoded,
+    routers: Sequence[APIRouter] = ROUTERS,
+) -> None:
+    """Every error as ``render`` writes it (the native ``{"error": {"code", "message", ...}}`` by
+    default): the runtime's (its table), bad parameters (400, not FastAPI's 422), unknown routes and
+    methods (404, 405 with the Allow of ``routers``), and anything unexpected (500, details only in
+    the log)."""
+    answer = functools.partial(_error_response, render=render)
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HttpError)
-        return _error_response(exc)
+        return answer(exc)
 
     async def on_sandbox_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, SandboxError)
         sid = request.path_params.get("id")
         if sid is not None and isinstance(exc, SandboxNotFound | ConnectionLost):
             request.app.state.ctx.cache.drop(sid)
-        return _error_response(error_for(exc, getattr(request.state, "encoding", "utf-8")))
+        return answer(error_for(exc, getattr(request.state, "encoding", "utf-8")))
 
     async def on_invalid(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        return _error_response(HttpError(400, "invalid_argument", describe_errors(exc.errors())))
+        return answer(HttpError(400, "invalid_argument", describe_errors(exc.errors())))
 
     async def on_starlette(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if exc.status_code == 405:
-            allow = ", ".join(_allowed_methods(request.url.path))
+            allow = ", ".join(_allowed_methods(request.url.path, routers))
             message = f"{request.method} is not allowed on {request.url.path} (allowed: {allow})"
-            return _error_response(HttpError(405, "method_not_allowed", message, headers={"Allow": allow}))
+            return answer(HttpError(405, "method_not_allowed", message, headers={"Allow": allow}))
         if exc.status_code == 404:
-            return _error_response(HttpError(404, "route_not_found", f"no route {request.url.path}"))
-        return _error_response(HttpError(exc.status_code, "http_error", str(exc.detail)))
+            return answer(HttpError(404, "route_not_found", f"no route {request.url.path}"))
+        return answer(HttpError(exc.status_code, "http_error", str(exc.detail)))
 
     async def on_internal(request: Request, exc: Exception) -> Response:
         log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-        return _error_response(HttpError(500, "internal_error", "internal server error (see the log)"))
+        return answer(HttpError(500, "internal_error", "internal server error (see the log)"))
 
     app.add_exception_handler(HttpError, on_http_error)
     app.add_exception_handler(SandboxError, on_sandbox_error)
@@ -145,19 +161,26 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, on_internal)
 
 
-def build_app(manager: ManagerLike, *, token: str, limits: HttpLimits = HTTP_LIMITS) -> ASGIApp:
-    """The native API over ``manager``, behind the bearer ``token`` and ``limits``."""
+def thread_lifespan(limits: HttpLimits) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """An app's lifespan that gives the event loop one worker thread per connection the server
+    accepts: a route blocked on SSH never waits for a thread another connection holds."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # one worker thread per connection the server accepts: a route blocked on SSH never
-        # waits for a thread another connection holds
         anyio.to_thread.current_default_thread_limiter().total_tokens = limits.max_connections
         yield
 
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, lifespan=lifespan)
-    app.state.ctx = Context(manager, SandboxCache(manager), limits)
-    app.state.document = openapi_document_cached()
+    return lifespan
+
+
+def build_app(
+    manager: ManagerLike, *, token: str, limits: HttpLimits = HTTP_LIMITS, ctx: Context | None = None
+) -> ASGIApp:
+    """The native API over ``manager``, behind the bearer ``token`` and ``limits``; ``ctx``: the
+    context (attached sandboxes) to share with another app of the same server."""
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, lifespan=thread_lifespan(limits))
+    app.state.ctx = ctx or Context(manager, SandboxCache(manager), limits)
+    app.state.document = served_document(manager)
     for router in ROUTERS:
         app.include_router(router)
     install_error_handlers(app)

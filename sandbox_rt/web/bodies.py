@@ -15,7 +15,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from ..errors import ConfigError
-from .errors import json_type
+from .errors import HttpError, json_type
 from .kinds import KindError
 
 __all__ = ["describe_errors", "parse_body", "strict_query"]
@@ -83,6 +83,22 @@ def parse_body(raw: bytes, model: type[M], what: str, *, required: bool = True) 
         return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(describe_errors(exc.errors(), what)) from None
+
+
+def check_json_media_type(content_type: str | None) -> None:
+    """A JSON body comes as ``application/json`` (or a ``+json`` type), or without a Content-Type;
+    any other media type is a 415 (``curl -d`` sends a form type: add ``-H 'Content-Type:
+    application/json'``)."""
+    if content_type is None:
+        return
+    mime = content_type.partition(";")[0].strip().lower()
+    if mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json")):
+        return
+    raise HttpError(
+        415,
+        "unsupported_media_type",
+        f"the body must be JSON: send Content-Type: application/json, not {content_type!r:.80}",
+    )
 
 
 def _repeatable(annotation: Any) -> bool:

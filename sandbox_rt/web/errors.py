@@ -23,6 +23,7 @@ from ..errors import (
     SandboxNotFound,
     SandboxNotReady,
     SnapshotNotFound,
+    StateConflict,
 )
 
 __all__ = ["ENCODINGS", "HttpError", "encode_output", "error_for", "json_type"]
@@ -58,11 +59,12 @@ class HttpError(Exception):
     def encoded(self) -> bytes:
         return json.dumps(self.body(), ensure_ascii=False).encode("utf-8") + b"\n"
 
-    def head(self) -> list[tuple[bytes, bytes]]:
-        """The ASGI response headers of this answer (its body is :meth:`encoded`)."""
+    def head(self, length: int | None = None) -> list[tuple[bytes, bytes]]:
+        """The ASGI response headers of this answer (its body: :meth:`encoded`, or ``length`` bytes
+        of another rendering)."""
         headers = {
             "content-type": "application/json",
-            "content-length": str(len(self.encoded())),
+            "content-length": str(len(self.encoded()) if length is None else length),
             **{k.lower(): v for k, v in self.headers.items()},
         }
         if self.close:
@@ -95,6 +97,8 @@ def error_for(exc: SandboxError, encoding: str = "utf-8") -> HttpError:
     """The HTTP answer for a runtime error (see the table in docs/http-api.md)."""
     message = str(exc)
     extra: dict[str, Any] = {"type": type(exc).__name__}
+    if isinstance(exc, StateConflict):
+        return HttpError(409, "conflict", message, extra=extra)
     if isinstance(exc, ConfigError):
         return HttpError(400, "invalid_argument", message, extra=extra)
     if isinstance(exc, SandboxNotFound | SnapshotNotFound | ProcessNotFound):

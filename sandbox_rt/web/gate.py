@@ -17,7 +17,8 @@ import hmac
 import logging
 import re
 import time
-from collections.abc import Collection
+import uuid
+from collections.abc import Callable, Collection
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -37,16 +38,37 @@ class Gate:
     """ASGI middleware in front of an app's routes (see the module's docstring)."""
 
     def __init__(
-        self, app: ASGIApp, *, token: str, limits: HttpLimits, public: Collection[str], realm: str
+        self,
+        app: ASGIApp,
+        *,
+        token: str,
+        limits: HttpLimits,
+        public: Collection[str],
+        realm: str,
+        api_key_header: str | None = None,
+        render: Callable[[HttpError], bytes] | None = None,
+        echo_request_id: bool = False,
     ) -> None:
+        """``api_key_header``: a header that may carry the token as it is (besides ``Authorization:
+        Bearer``); ``render``: the body of an error this gate answers (default: the native
+        ``{"error": {...}}``); ``echo_request_id``: every answer carries the request's
+        ``X-Request-ID`` (or a new one)."""
         self.app = app
         self._token = token.encode("ascii")
         self.limits = limits
         self.public = frozenset(public)
         self._challenge = f'Bearer realm="{realm}"'
+        self._api_key_header = api_key_header.lower().encode("ascii") if api_key_header else None
+        self._render = render or HttpError.encoded
+        self._echo_request_id = echo_request_id
 
     def _authorized(self, scope: Scope) -> bool:
-        values = [v for k, v in scope.get("headers", []) if k == b"authorization"]
+        headers = scope.get("headers", [])
+        if self._api_key_header is not None:
+            keys = [v for k, v in headers if k == self._api_key_header]
+            if len(keys) == 1 and hmac.compare_digest(bytes(keys[0]).strip(), self._token):
+                return True
+        values = [v for k, v in headers if k == b"authorization"]
         if len(values) != 1:
             return False
         scheme, _, given = bytes(values[0]).partition(b" ")
@@ -57,6 +79,7 @@ class Gate:
             await self.app(scope, receive, send)
             return
         status: list[int] = []
+        request_id = _request_id(scope) if self._echo_request_id else None
 
         async def send_no_store(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -64,6 +87,8 @@ class Gate:
                 headers = list(message.get("headers", []))
                 if not any(k.lower() == b"cache-control" for k, _ in headers):
                     headers.append((b"cache-control", b"no-store"))
+                if request_id is not None:
+                    headers.append((b"x-request-id", request_id))
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -72,9 +97,8 @@ class Gate:
         except Exception:
             if not status:  # nothing answered yet: say so, the details go to the log only
                 log.exception("internal error on %s %s", scope["method"], scope["path"])
-                await _answer(
-                    send_no_store, HttpError(500, "internal_error", "internal server error (see the log)")
-                )
+                internal = HttpError(500, "internal_error", "internal server error (see the log)")
+                await _answer(send_no_store, internal, self._render)
             # else: answered (Starlette answers, then re-raises what it answered for; logged there)
         finally:
             client = scope.get("client") or ("-", 0)
@@ -113,7 +137,7 @@ class Gate:
                     400, "invalid_argument", f"the path {scope['path']!r:.200} has a control character"
                 )
         except HttpError as err:
-            await _answer(send, err)
+            await _answer(send, err, self._render)
             return
         except _Disconnected:
             return  # the client left (or the transport answered a broken body itself)
@@ -201,6 +225,18 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _answer(send: Send, err: HttpError) -> None:
-    await send({"type": "http.response.start", "status": err.status, "headers": err.head()})
-    await send({"type": "http.response.body", "body": err.encoded()})
+async def _answer(send: Send, err: HttpError, render: Callable[[HttpError], bytes]) -> None:
+    body = render(err)
+    await send({"type": "http.response.start", "status": err.status, "headers": err.head(len(body))})
+    await send({"type": "http.response.body", "body": body})
+
+
+_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # printable ASCII, no spaces: safe to send back
+
+
+def _request_id(scope: Scope) -> bytes:
+    """The request's X-Request-ID if it is a sane one, else a new one."""
+    given = [v for k, v in scope.get("headers", []) if k == b"x-request-id"]
+    if len(given) == 1 and _REQUEST_ID.fullmatch(bytes(given[0])):
+        return bytes(given[0])
+    return uuid.uuid4().hex.encode("ascii")

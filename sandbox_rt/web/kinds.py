@@ -16,6 +16,7 @@ from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, core_schema
 
+from ..execution import COMMAND_BLANKS
 from .errors import json_type
 
 __all__ = ["Kind", "KindError", "exact"]
@@ -48,7 +49,7 @@ def _string_list(value: Any) -> bool:
 
 def _command(value: Any) -> bool:
     if isinstance(value, str):
-        return bool(value.strip())
+        return bool(value.strip(COMMAND_BLANKS))
     return isinstance(value, list) and bool(value) and all(isinstance(w, str) for w in value)
 
 

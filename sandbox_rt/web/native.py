@@ -28,9 +28,9 @@ from .bodies import strict_query
 from .errors import ENCODINGS, encode_output
 from .kinds import exact
 from .openapi import errors
-from .params import Ctx, FilePath, SandboxId, SnapshotName, json_body, json_request
+from .params import RAW_REQUEST, Ctx, FilePath, SandboxId, SnapshotName, json_body, json_request
 from .runtime import quiet_close
-from .sse import SSE_TEXT, exec_events
+from .sse import SSE_SCHEMA, exec_events
 
 __all__ = ["PUBLIC_PATHS", "router"]
 
@@ -315,7 +315,7 @@ def _result(r: ExecResult, encoding: str) -> s.ExecResult:
     responses={
         200: {
             "description": "The command ran (any exit code).",
-            "content": {"text/event-stream": {"schema": {"type": "string", "description": SSE_TEXT}}},
+            "content": {"text/event-stream": {"schema": SSE_SCHEMA}},
         },
         **errors("400", "401", "404", "409", "413", "502", "503", "504"),
     },
@@ -384,9 +384,7 @@ def read_file(ctx: Ctx, id: SandboxId, path: FilePath) -> Response:
     summary="Write a file (raw body; parent directories are created)",
     response_model=s.FileWritten,
     responses=errors("400", "401", "403", "404", "409", "411", "413", "502", "507"),
-    openapi_extra={
-        "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {}}}}
-    },
+    openapi_extra=RAW_REQUEST,
 )
 async def write_file(
     ctx: Ctx,
@@ -436,7 +434,11 @@ def list_files(
     ctx: Ctx,
     id: SandboxId,
     path: Annotated[
-        str, Query(description="Absolute path of the directory.", json_schema_extra={"pattern": "^/"})
+        str,
+        Query(
+            description="Absolute path of the directory.",
+            json_schema_extra={"pattern": s.ABSOLUTE_PATH_PATTERN},
+        ),
     ],
     depth: Annotated[int, Query(ge=1, le=MAX_LIST_DEPTH)] = 1,
 ) -> dict[str, Any]:

@@ -57,6 +57,8 @@ ERROR_TEXT = {
     "is closed.",
     "431": f"request_header_fields_too_large: the request line and headers together are larger than "
     f"{size_text(_L.max_head_bytes)}. The connection is closed.",
+    "415": "unsupported_media_type: a JSON body sent with another Content-Type than application/json "
+    "(or a +json type); no Content-Type is read as JSON.",
     "500": "Internal error (details only in the server's log).",
     "502": "The container engine or the sandbox's SSH connection failed.",
     "503": f"sandbox_not_ready: the sandbox did not become reachable in time; or server_busy: the "
@@ -83,6 +85,13 @@ def errors(*codes: str, public: bool = False) -> dict[int | str, dict[str, Any]]
             }
         out[code] = entry
     return out
+
+
+def _error_answer(code: str) -> dict[str, Any]:
+    return {
+        "description": ERROR_TEXT[code],
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
 
 
 def build_document(
@@ -122,6 +131,8 @@ def build_document(
             if not isinstance(op, dict) or "responses" not in op:
                 continue
             op["responses"].pop("422", None)
+            if "application/json" in op.get("requestBody", {}).get("content", {}):
+                op["responses"]["415"] = _error_answer("415")
             if path in public:
                 op["security"] = []
             for code, answer in op["responses"].items():

@@ -13,7 +13,7 @@ from pydantic import AfterValidator, BaseModel
 from ..limits import HttpLimits
 from ..validation import check_sandbox_id, check_snapshot_name
 from . import schemas as s
-from .bodies import parse_body
+from .bodies import check_json_media_type, parse_body
 from .runtime import ManagerLike, SandboxCache
 
 __all__ = ["Context", "Ctx", "FilePath", "SandboxId", "SnapshotName", "json_body", "json_request"]
@@ -37,7 +37,10 @@ def _context(request: Request) -> Context:
 
 def json_body(model: type[M], what: str, *, required: bool = True) -> Callable[[Request], Awaitable[M]]:
     async def read(request: Request) -> M:
-        return parse_body(await request.body(), model, what, required=required)
+        raw = await request.body()
+        if raw.strip():
+            check_json_media_type(request.headers.get("content-type"))
+        return parse_body(raw, model, what, required=required)
 
     return read
 
@@ -47,6 +50,15 @@ def json_request(model: type[BaseModel], *, required: bool = True) -> dict[str, 
     so that the body's framing, JSON and kinds get this API's own error messages)."""
     ref = {"$ref": f"#/components/schemas/{model.__name__}"}
     return {"requestBody": {"required": required, "content": {"application/json": {"schema": ref}}}}
+
+
+# a route that takes raw bytes (a file, a process's stdin) takes them under any media type
+RAW_REQUEST: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"*/*": {"schema": {}, "description": "The raw bytes, whatever the media type."}},
+    }
+}
 
 
 Ctx = Annotated[Context, Depends(_context)]
@@ -59,5 +71,9 @@ SnapshotName = Annotated[
     str, Path(json_schema_extra={"pattern": s.SNAPSHOT_NAME_PATTERN}), AfterValidator(check_snapshot_name)
 ]
 FilePath = Annotated[
-    str, Query(description="Absolute path inside the sandbox.", json_schema_extra={"pattern": "^/"})
+    str,
+    Query(
+        description="Absolute path inside the sandbox.",
+        json_schema_extra={"pattern": s.ABSOLUTE_PATH_PATTERN},
+    ),
 ]

@@ -21,27 +21,26 @@ from .bodies import strict_query
 from .errors import encode_output
 from .kinds import Kind
 from .openapi import errors
-from .params import Ctx, SandboxId, json_body, json_request
+from .params import RAW_REQUEST, Ctx, SandboxId, json_body, json_request
 
 __all__ = ["router"]
 
 MAX_PID = 1 << 22  # the kernel's largest pid_max
 DEFAULT_LOG_BYTES = 1 << 20
 MAX_LOG_BYTES = 64 << 20
+MAX_OFFSET = 1 << 62
 
 router = APIRouter(dependencies=[Depends(strict_query)])
 
-Pid = Annotated[int, Path(ge=2, le=MAX_PID, description="The command's process group id (its pid).")]
+Pid = Annotated[int, Path(ge=2, lt=MAX_PID, description="The command's process group id (its pid).")]
 
 
 class StartProcessRequest(s.RequestBody):
-    command: Annotated[Any, Kind("command")]
-    cwd: Annotated[Any, Kind("string", nullable=True)] = Field(
+    command: Annotated[Any, Kind("command", **s.COMMAND_DOC)]
+    cwd: Annotated[Any, Kind("string", nullable=True, pattern=s.ABSOLUTE_PATH_PATTERN)] = Field(
         default=None, description="Absolute path in the sandbox."
     )
-    env: Annotated[Any, Kind("string_map", nullable=True, propertyNames={"pattern": s.ENV_NAME_PATTERN})] = (
-        None
-    )
+    env: Annotated[Any, Kind("string_map", nullable=True, **s.ENV_DOC)] = None
 
 
 class WaitRequest(s.RequestBody):
@@ -152,8 +151,12 @@ def read_process_logs(
     request: Request,
     id: SandboxId,
     pid: Pid,
-    stdout_offset: Annotated[int, Query(ge=0, description="Bytes of stdout read already.")] = 0,
-    stderr_offset: Annotated[int, Query(ge=0, description="Bytes of stderr read already.")] = 0,
+    stdout_offset: Annotated[
+        int, Query(ge=0, le=MAX_OFFSET, description="Bytes of stdout read already.")
+    ] = 0,
+    stderr_offset: Annotated[
+        int, Query(ge=0, le=MAX_OFFSET, description="Bytes of stderr read already.")
+    ] = 0,
     max_bytes: Annotated[int, Query(ge=1, le=MAX_LOG_BYTES)] = DEFAULT_LOG_BYTES,
     encoding: Annotated[
         str,
@@ -185,9 +188,7 @@ def read_process_logs(
     status_code=204,
     response_class=Response,
     responses={204: {"description": "Written."}, **errors("400", "401", "404", "409", "413", "502")},
-    openapi_extra={
-        "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {}}}}
-    },
+    openapi_extra=RAW_REQUEST,
 )
 async def write_process_stdin(ctx: Ctx, request: Request, id: SandboxId, pid: Pid) -> Response:
     data = await request.body()  # read by the gate already

@@ -25,6 +25,7 @@ from ..models import (
 from ..validation import (
     MAX_DISK_GB,
     MAX_EGRESS_ENTRIES,
+    MAX_MEMORY_MB,
     MAX_PIDS_MAX,
     MAX_TTL_S,
     MIN_MEMORY_MB,
@@ -34,15 +35,77 @@ from ..validation import (
 from .kinds import Kind, exact
 
 SANDBOX_ID_PATTERN = exact("sbx-[0-9a-f]{10}")
-SNAPSHOT_NAME_PATTERN = exact("[A-Za-z][A-Za-z0-9_-]{1,39}")
 TEMPLATE_PATTERN = exact(TEMPLATE_NAME.pattern)
 LABEL_KEY_PATTERN = exact("[A-Za-z0-9_./-]{1,63}")
 ENV_NAME_PATTERN = exact("[A-Za-z_][A-Za-z0-9_]*")
 HOSTNAME_PATTERN = exact("(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+# a letter, then 1-39 of letters, digits, _ and -; not PVE's reserved "current" / "vzdump", any case
+SNAPSHOT_NAME_PATTERN = exact(
+    "(?!(?:[Cc][Uu][Rr][Rr][Ee][Nn][Tt]|[Vv][Zz][Dd][Uu][Mm][Pp])$)[A-Za-z][A-Za-z0-9_-]{1,39}"
+)
+# "the end of the text" without $, for patterns that do not end a whole-string match (a trailing
+# newline is fine in them): ECMA-262 and Python agree on (?![\s\S])
+_END = "(?![\\s\\S])"
+NO_NUL_PATTERN = "^[^\\x00]*" + _END  # the runtime refuses NUL in what reaches a shell or a path
+ABSOLUTE_PATH_PATTERN = "^/[^\\x00]*" + _END
+# a command that is not only ASCII blanks (sandbox_rt.execution.COMMAND_BLANKS) and has no NUL
+COMMAND_PATTERN = "^(?=[\\s\\S]*[^ \\t\\n\\r\\f\\v])[^\\x00]*" + _END
+BASE64_PATTERN = exact("(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
+
+
+def _ipv4_networks() -> str:
+    """An IPv4 address, or a network written with its host bits zero and a prefix of 1-32: what
+    :func:`sandbox_rt.validation.egress_entry` takes, as one regex (one branch per prefix length)."""
+    octet = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+    branches = [f"(?:{octet}\\.){{3}}{octet}"]
+    for prefix in range(1, 33):
+        free, bits = divmod(prefix, 8)
+        parts = [octet] * free
+        if free < 4:
+            step = 1 << (8 - bits)
+            parts.append("(?:" + "|".join(str(v) for v in range(0, 256, step)) + ")" if bits else "0")
+            parts += ["0"] * (3 - free)
+        branches.append("\\.".join(parts) + f"/{prefix}")
+    return "(?:" + "|".join(branches) + ")"
+
+
+# a domain name (its subdomains too; "*." in front and a final "." are allowed), as egress_entry
+_DOMAIN_NAME = (
+    "(?:\\*\\.)?(?=[^\\n]{1,253}\\.?$)(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+"
+    "[A-Za-z][A-Za-z0-9-]{0,61}[A-Za-z0-9]\\.?"
+)
+EGRESS_ENTRY_PATTERN = exact(f"(?:{_ipv4_networks()}|{_DOMAIN_NAME})")
+_EGRESS_ITEMS = {"type": "string", "maxLength": 255, "pattern": EGRESS_ENTRY_PATTERN}
+COMMAND_DOC: dict[str, Any] = {
+    "oneOf": [
+        {
+            "type": "string",
+            "minLength": 1,
+            "pattern": COMMAND_PATTERN,
+            "description": "Run by bash as written.",
+        },
+        {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "string", "pattern": NO_NUL_PATTERN},
+            "description": "An exact argv, quoted word by word.",
+        },
+    ]
+}
+ENV_DOC: dict[str, Any] = {
+    "propertyNames": {"pattern": ENV_NAME_PATTERN},
+    "additionalProperties": {"type": "string", "pattern": NO_NUL_PATTERN},
+}
+
+
+def not_both(a: str, b: str) -> dict[str, Any]:
+    """JSON Schema: fields ``a`` and ``b`` are not both given (as non-null strings)."""
+    return {"not": {"required": [a, b], "properties": {a: {"type": "string"}, b: {"type": "string"}}}}
+
 
 _LABELS_DOC = {
     "propertyNames": {"pattern": LABEL_KEY_PATTERN},
-    "additionalProperties": {"type": "string", "maxLength": 256},
+    "additionalProperties": {"type": "string", "maxLength": 256, "pattern": NO_NUL_PATTERN},
     "examples": [{"agent": "a1"}],
 }
 _CAP_TEXT = {
@@ -73,13 +136,17 @@ class RequestBody(BaseModel):
 class CreateSandboxRequest(RequestBody):
     """The arguments of sandbox_rt.Manager.create(); every field is optional."""
 
+    model_config = ConfigDict(extra="forbid", json_schema_extra=not_both("template", "from_snapshot"))
+
     hostname: Annotated[Any, Kind("string", nullable=True, pattern=HOSTNAME_PATTERN)] = Field(
         default=None, description="RFC 1123 host name (default: the sandbox id)."
     )
     cpus: Annotated[Any, Kind("number", exclusiveMinimum=0)] = Field(
         default=DEFAULT_CPUS, description="<= host cores"
     )
-    memory_mb: Annotated[Any, Kind("integer", minimum=MIN_MEMORY_MB)] = DEFAULT_MEMORY_MB
+    memory_mb: Annotated[Any, Kind("integer", minimum=MIN_MEMORY_MB, maximum=MAX_MEMORY_MB)] = (
+        DEFAULT_MEMORY_MB
+    )
     disk_gb: Annotated[Any, Kind("integer", minimum=1, maximum=MAX_DISK_GB)] = DEFAULT_DISK_GB
     pids_max: Annotated[Any, Kind("integer", minimum=MIN_PIDS_MAX, maximum=MAX_PIDS_MAX)] = DEFAULT_PIDS_MAX
     internet: Annotated[Any, Kind("boolean")] = Field(default=False, description="HTTP/HTTPS egress allowed")
@@ -94,7 +161,9 @@ class CreateSandboxRequest(RequestBody):
         description="True (the API's default): the sandbox lives by its TTL, not by the server "
         "process, so a server restart does not make it an orphan.",
     )
-    egress: Annotated[Any, Kind("string_list", nullable=True, maxItems=MAX_EGRESS_ENTRIES)] = Field(
+    egress: Annotated[
+        Any, Kind("string_list", nullable=True, maxItems=MAX_EGRESS_ENTRIES, items=_EGRESS_ITEMS)
+    ] = Field(
         default=None,
         description="Without internet, reach only these IPv4 addresses, networks and domain names "
         "(resolved by the host's DNS; lxc backend) on the internet ports.",
@@ -122,13 +191,15 @@ class CreateSandboxRequest(RequestBody):
 
 
 class ExecRequest(RequestBody):
-    command: Annotated[Any, Kind("command")]
+    model_config = ConfigDict(extra="forbid", json_schema_extra=not_both("stdin", "stdin_b64"))
+
+    command: Annotated[Any, Kind("command", **COMMAND_DOC)]
     timeout: Annotated[Any, Kind("number", nullable=True, exclusiveMinimum=0)] = Field(
         default=None,
         description="Seconds; on expiry the command's process group is killed (504 or an error "
         "event). Default: the host's command_timeout_s.",
     )
-    cwd: Annotated[Any, Kind("string", nullable=True)] = Field(
+    cwd: Annotated[Any, Kind("string", nullable=True, pattern=ABSOLUTE_PATH_PATTERN)] = Field(
         default=None, description="Absolute path in the sandbox."
     )
     user: Annotated[Any, Kind("string", nullable=True, enum=["sandbox", "root", None])] = Field(
@@ -136,13 +207,13 @@ class ExecRequest(RequestBody):
         description="Who runs it: the sandbox user (default) or root, in a sandbox made with "
         "root=true (else 400).",
     )
-    env: Annotated[Any, Kind("string_map", nullable=True, propertyNames={"pattern": ENV_NAME_PATTERN})] = None
+    env: Annotated[Any, Kind("string_map", nullable=True, **ENV_DOC)] = None
     stdin: Annotated[Any, Kind("string", nullable=True)] = Field(
         default=None, description="Standard input as UTF-8 text."
     )
-    stdin_b64: Annotated[Any, Kind("string", nullable=True, contentEncoding="base64")] = Field(
-        default=None, description="Standard input as base64 bytes (at most one of stdin, stdin_b64)."
-    )
+    stdin_b64: Annotated[
+        Any, Kind("string", nullable=True, contentEncoding="base64", pattern=BASE64_PATTERN)
+    ] = Field(default=None, description="Standard input as base64 bytes (at most one of stdin, stdin_b64).")
     encoding: Annotated[Any, Kind("string", enum=["utf-8", "base64"])] = Field(
         default="utf-8",
         description="How stdout/stderr are given back: UTF-8 text (undecodable bytes become U+FFFD) "
@@ -166,7 +237,7 @@ class InternetRequest(RequestBody):
 
 
 class EgressRequest(RequestBody):
-    egress: Annotated[Any, Kind("string_list", maxItems=MAX_EGRESS_ENTRIES)]
+    egress: Annotated[Any, Kind("string_list", maxItems=MAX_EGRESS_ENTRIES, items=_EGRESS_ITEMS)]
 
 
 class SnapshotRequest(RequestBody):
@@ -180,13 +251,13 @@ class ExtendRequest(RequestBody):
 
 
 class MkdirRequest(RequestBody):
-    path: Annotated[Any, Kind("string", pattern="^/")]
+    path: Annotated[Any, Kind("string", pattern=ABSOLUTE_PATH_PATTERN)]
     parents: Annotated[Any, Kind("boolean")] = True
 
 
 class RenameRequest(RequestBody):
-    src: Annotated[Any, Kind("string", pattern="^/")]
-    dst: Annotated[Any, Kind("string", pattern="^/")]
+    src: Annotated[Any, Kind("string", pattern=ABSOLUTE_PATH_PATTERN)]
+    dst: Annotated[Any, Kind("string", pattern=ABSOLUTE_PATH_PATTERN)]
 
 
 # -- answers -----------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from ..errors import SandboxError
 from .errors import HttpError, error_for
 from .runtime import ExecStreamLike
 
-__all__ = ["SSE_TEXT", "exec_events"]
+__all__ = ["SSE_SCHEMA", "SSE_TEXT", "exec_events"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,32 @@ request's `encoding` says), ExecExitEvent for the last event. If the command can
 (timeout, lost connection) the last event is `event: error` with an ExecErrorEvent instead.
 Errors found before the command starts (bad body, unknown sandbox) are ordinary JSON errors.
 """
+
+
+def _event_schema(names: list[str], model: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"enum": names},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": {"$ref": f"#/components/schemas/{model}"},
+            },
+        },
+    }
+
+
+# OpenAPI before 3.2 has a text/event-stream schema describe one event: its name and its data
+SSE_SCHEMA: dict[str, Any] = {
+    "description": SSE_TEXT,
+    "oneOf": [
+        _event_schema(["stdout", "stderr"], "ExecOutputEvent"),
+        _event_schema(["exit"], "ExecExitEvent"),
+        _event_schema(["error"], "ExecErrorEvent"),
+    ],
+}
 
 
 def _event(name: str, data: Mapping[str, Any]) -> bytes:

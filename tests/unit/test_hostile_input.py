@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, cast
 
+import paramiko
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from lying_sftp import World, lying_sftp, os_stat
+from paramiko.sftp_attr import SFTPAttributes
 
 from sandbox_rt.download import download_tree
-from sandbox_rt.errors import FileOperationError
+from sandbox_rt.errors import ConnectionLost, FileOperationError
+from sandbox_rt.files import Files
+from sandbox_rt.limits import SFTP_MAX_PACKET
 from sandbox_rt.models import OutputChunk
+from sandbox_rt.ssh import SSHExecutor
 from sandbox_rt.ssh.files import check_entry_name
 from sandbox_rt.ssh.markers import Demux, Markers
+from sandbox_rt.ssh.wire import STATUS_TEXT_MAX
 
 
 # -- exec output -----------------------------------------------------------------------------------
@@ -180,3 +188,300 @@ def test_sftp_replies_larger_than_the_bound_are_refused_before_they_are_read() -
     assert asked == [4]  # the 4 MiB + 1 body was never read
     wire[:] = [(5).to_bytes(4, "big")]
     assert client._read_packet() == (0x65, b"\0" * 4)
+
+
+# -- SFTP failures: the cause found on the host side, against an in-process SFTP server ------------
+# OpenSSH's sftp-server answers most errors with a bare FAILURE, EINVAL with "Bad message" and
+# ENOTDIR with "no such file"; lying_sftp.World answers the same way and keeps the errno it hid.
+P, Q = "/t/p", "/t/q"
+CAUSES = {
+    errno.EIO,
+    errno.ENOENT,
+    errno.EISDIR,
+    errno.ENOTDIR,
+    errno.ENOTEMPTY,
+    errno.EEXIST,
+    errno.EINVAL,
+    errno.ENAMETOOLONG,
+}
+LONG = "/t/" + "n" * 256
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+@pytest.fixture
+def sftp(world: World) -> Iterator[SSHExecutor]:
+    with lying_sftp(world) as executor:
+        yield executor
+
+
+def _files(executor: SSHExecutor) -> Files:
+    return Files(cast(Any, None), executor, lambda: None)
+
+
+def _failure(action: Callable[[], object]) -> FileOperationError:
+    with pytest.raises(FileOperationError) as caught:
+        action()
+    return caught.value
+
+
+CASES: list[tuple[str, tuple[str, ...], str, Callable[[SSHExecutor], object], int]] = [
+    ("write onto a directory", ("/t/p/",), "open", lambda x: x.write_bytes(P, b"x"), errno.EISDIR),
+    ("write below a file", ("/t/p",), "open", lambda x: x.write_bytes(P + "/f", b"x"), errno.ENOTDIR),
+    ("remove a full directory", ("/t/p/f",), "rmdir", lambda x: _files(x).remove(P), errno.ENOTEMPTY),
+    ("rmdir a file", ("/t/p",), "rmdir", lambda x: x.rmdir(P), errno.ENOTDIR),
+    ("unlink a directory", ("/t/p/",), "remove", lambda x: x.remove(P), errno.EISDIR),
+    ("rename into itself", ("/t/p/sub/",), "rename", lambda x: x.rename(P, P + "/sub/x"), errno.EINVAL),
+    (
+        "rename onto a full directory",
+        ("/t/p/", "/t/q/f"),
+        "rename",
+        lambda x: x.rename(P, Q),
+        errno.ENOTEMPTY,
+    ),
+    ("rename a directory onto a file", ("/t/p/", "/t/q"), "rename", lambda x: x.rename(P, Q), errno.ENOTDIR),
+    ("rename a file onto a directory", ("/t/p", "/t/q/"), "rename", lambda x: x.rename(P, Q), errno.EISDIR),
+    ("rename below a file", ("/t/p", "/t/q"), "rename", lambda x: x.rename(P, Q + "/x"), errno.ENOTDIR),
+    ("mkdir over a file", ("/t/p",), "mkdir", lambda x: x.mkdir(P), errno.EEXIST),
+    (
+        "mkdir below a file",
+        ("/t/p",),
+        "mkdir",
+        lambda x: _files(x).mkdir(P + "/d", parents=False),
+        errno.ENOTDIR,
+    ),
+    ("write a name too long", ("/t/",), "open", lambda x: x.write_bytes(LONG, b"x"), errno.ENAMETOOLONG),
+    ("rename to a name too long", ("/t/p",), "rename", lambda x: x.rename(P, LONG), errno.ENAMETOOLONG),
+    ("rename what is not there", ("/t/",), "rename", lambda x: x.rename(P, Q), errno.ENOENT),
+    ("write below nothing", ("/t/",), "open", lambda x: x.write_bytes(P + "/f", b"x"), errno.ENOENT),
+]
+
+
+@pytest.mark.parametrize(
+    ("paths", "op", "action", "cause"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_a_failure_the_server_does_not_explain_is_named_by_what_is_there(
+    world: World,
+    sftp: SSHExecutor,
+    paths: tuple[str, ...],
+    op: str,
+    action: Callable[[SSHExecutor], object],
+    cause: int,
+) -> None:
+    world.add(*paths)
+    err = _failure(lambda: action(sftp))
+    assert world.errors[-1] == (op, cause)  # what the server knew and did not say
+    assert err.errno == cause, err
+    assert str(err.strerror).startswith(("write: ", "rmdir: ", "remove: ", "rename: ", "mkdir: "))
+    assert err.filename in (P, P + "/f", P + "/d", LONG)
+
+
+def test_the_way_to_a_success_asks_nothing_more(world: World, sftp: SSHExecutor) -> None:
+    world.add("/t/q/")
+    sftp.write_bytes(P, b"data")
+    sftp.rename(P, Q + "/p")
+    sftp.mkdir(P)
+    sftp.rmdir(P)
+    assert world.requests == [("open", P), ("rename", P), ("mkdir", P), ("rmdir", P)]
+
+
+def test_a_failure_nothing_explains_stays_eio(world: World, sftp: SSHExecutor) -> None:
+    world.add("/t/p/", "/t/q")
+    world.fail = {op: paramiko.sftp.SFTP_FAILURE for op in ("open", "rmdir", "rename", "remove")}
+    for action, op in [
+        (lambda: sftp.write_bytes(Q, b"x"), "write"),  # a regular file: the disk may be full
+        (lambda: sftp.rmdir(P), "rmdir"),  # an empty directory: busy, read-only...
+        (lambda: sftp.rename(Q, "/t/r"), "rename"),
+        (lambda: sftp.remove(Q), "remove"),
+    ]:
+        err = _failure(action)
+        assert (err.errno, err.strerror) == (errno.EIO, f"{op}: Failure")
+
+
+def test_status_texts_are_cut_and_bad_utf8_is_no_error(world: World, sftp: SSHExecutor) -> None:
+    world.add("/t/q")
+    world.fail = {"open": paramiko.sftp.SFTP_FAILURE}
+    world.text = b"\xff\xfe" + b"x" * (1 << 20)
+    err = _failure(lambda: sftp.write_bytes(Q, b"x"))
+    assert err.errno == errno.EIO and len(str(err)) < STATUS_TEXT_MAX + 100
+    assert str(err.strerror).startswith("write: \ufffd\ufffdxxx")
+
+
+def test_a_stat_that_says_directory_for_what_it_refused_only_picks_the_errno(
+    world: World, sftp: SSHExecutor
+) -> None:
+    world.fail = {"open": paramiko.sftp.SFTP_FAILURE, "rmdir": paramiko.sftp.SFTP_FAILURE}
+    world.lies = {P: SFTPAttributes.from_stat(os_stat(DIR))}
+    world.listing = {P: [".", "..", "ghost"]}
+    assert _failure(lambda: sftp.write_bytes(P, b"x")).errno == errno.EISDIR  # nothing is at P
+    assert _failure(lambda: sftp.rmdir(P)).errno == errno.ENOTEMPTY
+    world.listing = {P: [".", ".."]}
+    assert _failure(lambda: sftp.rmdir(P)).errno == errno.EIO
+
+
+def _with_attrs(mode: int | None, size: int | None) -> SFTPAttributes:
+    attrs = SFTPAttributes()
+    attrs.st_mode, attrs.st_size = mode, size
+    return attrs
+
+
+LIES = st.one_of(
+    st.sampled_from([paramiko.sftp.SFTP_FAILURE, paramiko.sftp.SFTP_NO_SUCH_FILE, 99]),
+    st.builds(
+        _with_attrs,
+        st.none() | st.integers(0, 2**32 - 1) | st.sampled_from([DIR, REG, 0o120777, 0xFFFFFFFF]),
+        st.none() | st.integers(0, 2**64 - 1),
+    ),
+)
+ANSWERS = st.sampled_from(
+    [paramiko.sftp.SFTP_FAILURE, paramiko.sftp.SFTP_BAD_MESSAGE, paramiko.sftp.SFTP_NO_SUCH_FILE, 8, 99]
+)
+ACTIONS: dict[str, Callable[[SSHExecutor], object]] = {
+    "open": lambda x: x.write_bytes(P, b"x"),
+    "remove": lambda x: x.remove(P),
+    "rmdir": lambda x: x.rmdir(P),
+    "mkdir": lambda x: x.makedirs(P),
+    "rename": lambda x: x.rename(P, Q),
+}
+
+
+def test_whatever_a_lying_server_answers_the_error_is_typed_and_bounded() -> None:
+    shared = World()
+    with lying_sftp(shared) as executor:
+
+        @settings(max_examples=300, deadline=None)
+        @given(
+            op=st.sampled_from(sorted(ACTIONS)),
+            answer=ANSWERS,
+            lies=st.dictionaries(st.sampled_from([P, Q, "/t"]), LIES, max_size=3),
+            listing=st.lists(st.sampled_from([".", "..", "x", "", "a" * 300]), max_size=5),
+            text=st.binary(max_size=600),
+        )
+        def check(op: str, answer: int, lies: dict[str, Any], listing: list[str], text: bytes) -> None:
+            shared.fail, shared.lies, shared.listing, shared.text = (
+                {op: answer},
+                lies,
+                {P: listing, Q: listing},
+                text,
+            )
+            try:
+                ACTIONS[op](executor)
+            except FileOperationError as err:
+                assert err.errno in CAUSES, err
+                assert err.filename in (P, "/t") and len(str(err)) < 600  # makedirs names the parent
+            else:
+                assert op == "mkdir"  # the lies said a directory is there already
+
+        check()
+
+
+def test_a_reply_whose_counts_promise_more_than_it_holds_drops_the_session_at_once(
+    world: World, sftp: SSHExecutor
+) -> None:
+    """paramiko pads a short reply with zeros: one ATTRS reply with an extended-attribute count of
+    2**32 - 1 kept it parsing for half an hour (the SFTP lock held); so could any entry of a listing."""
+    world.add("/t/p/f", "/t/q")
+    world.fail = {"open": paramiko.sftp.SFTP_FAILURE, "rmdir": paramiko.sftp.SFTP_FAILURE}
+    world.extended_lie = True
+    _drops_at_once(lambda: sftp.stat(Q))
+    _drops_at_once(lambda: sftp.write_bytes(Q, b"x"))  # the stat that explains the failure
+    world.extended_lie, world.readdir_lie = False, True
+    _drops_at_once(lambda: sftp.rmdir(P))  # explaining it reads the directory's first names
+    world.readdir_lie = False
+    assert _files(sftp).stat(Q).type == "file"  # a new session, answering again
+
+
+def _drops_at_once(action: Callable[[], object]) -> None:
+    """``action`` ends in ConnectionLost within seconds (in a thread: a regression hangs there)."""
+    ended: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            action()
+        except BaseException as exc:
+            ended.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "still parsing the reply"
+    assert len(ended) == 1 and isinstance(ended[0], ConnectionLost), ended
+    assert "counts promise more" in str(ended[0])
+
+
+def test_an_oversized_stat_reply_drops_the_session_instead_of_escaping_untyped(
+    world: World, sftp: SSHExecutor
+) -> None:
+    big = SFTPAttributes.from_stat(os_stat(REG))
+    big.attr = {"k": "x" * (SFTP_MAX_PACKET + 1)}
+    world.add("/t/q")
+    world.lies = {P: big}
+    with pytest.raises(ConnectionLost, match="refused"):
+        sftp.stat(P)  # was paramiko.SFTPError, the session left mid-reply
+    assert _files(sftp).stat(Q).type == "file"
+
+
+def _attrs(name: str, mode: int | None, size: int | None, extended: dict[str, str]) -> SFTPAttributes:
+    attrs = _with_attrs(mode, size)
+    attrs.filename, attrs.attr = name, extended
+    if mode is not None:
+        attrs.st_uid = attrs.st_gid = attrs.st_atime = attrs.st_mtime = 1
+    return attrs
+
+
+ENTRIES = st.builds(
+    _attrs,
+    st.text(max_size=20),
+    st.none() | st.integers(0, 2**32 - 1),
+    st.none() | st.integers(0, 2**64 - 1),
+    st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
+)
+
+
+def _packed(entries: list[SFTPAttributes], *, names: bool) -> bytes:
+    msg = paramiko.Message()
+    msg.add_int(7)
+    if names:
+        msg.add_int(len(entries))
+    for a in entries:
+        if names:
+            msg.add_string(a.filename)
+            msg.add_string("long " + a.filename)
+        a._pack(msg)
+    return msg.asbytes()
+
+
+@given(entries=st.lists(ENTRIES, max_size=4), names=st.booleans(), data=st.data())
+def test_counts_are_checked_against_the_bytes_of_a_reply(
+    entries: list[SFTPAttributes], names: bool, data: st.DataObject
+) -> None:
+    from paramiko.sftp import CMD_ATTRS, CMD_NAME
+
+    from sandbox_rt.ssh.wire import _counts_fit
+
+    kind = CMD_NAME if names else CMD_ATTRS
+    body = _packed(entries if names else entries[:1] or [SFTPAttributes()], names=names)
+    assert _counts_fit(kind, body)  # what paramiko packs fits
+    cut = data.draw(st.integers(4, len(body) - 1))  # past the request id, short of the end
+    assert not _counts_fit(kind, body[:cut])
+
+
+def test_a_count_past_the_bytes_is_refused() -> None:
+    from paramiko.sftp import CMD_ATTRS, CMD_NAME
+
+    from sandbox_rt.ssh.wire import _counts_fit
+
+    names = paramiko.Message()
+    names.add_int(7)
+    names.add_int(0xFFFFFFFF)
+    assert not _counts_fit(CMD_NAME, names.asbytes())
+    attrs = paramiko.Message()
+    attrs.add_int(7)
+    attrs.add_int(SFTPAttributes.FLAG_EXTENDED)
+    attrs.add_int(0xFFFFFFFF)
+    assert not _counts_fit(CMD_ATTRS, attrs.asbytes())
+    attrs.add_string("k")
+    assert not _counts_fit(CMD_ATTRS, attrs.asbytes())  # a key without its value

@@ -553,6 +553,34 @@ def test_malformed_json_is_400(api: Callable[..., requests.Response], raw: bytes
     assert r.status_code == 400 and needle in error_of(r)["message"]
 
 
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data"]
+)
+def test_a_json_body_under_another_media_type_is_415(
+    api: Callable[..., requests.Response], mgr: FakeManager, content_type: str
+) -> None:
+    r = api("POST", "/v1/sandboxes", data=b'{"cpus": 1}', headers={"Content-Type": content_type})
+    assert r.status_code == 415 and error_of(r)["code"] == "unsupported_media_type" and not mgr.created
+    for ok in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        assert api("POST", "/v1/sandboxes", data=b"{}", headers={"Content-Type": ok}).status_code == 201
+    assert api("POST", "/v1/sandboxes", data=b"{}").status_code == 201  # no Content-Type: read as JSON
+    sid = make_box(api)  # raw bytes go under any media type
+    r = api("PUT", f"/v1/sandboxes/{sid}/files?path=/x", data=b"{", headers={"Content-Type": content_type})
+    assert r.status_code == 200 and mgr.boxes[sid].files["/x"] == b"{"
+
+
+def test_the_served_document_knows_the_hosts_templates_and_cores(
+    api: Callable[..., requests.Response],
+) -> None:
+    """What only this host knows is exact in the document it serves (a request the document allows
+    is one the host accepts), and absent from the generic one."""
+    served = api("GET", "/openapi.json", auth=False).json()["components"]["schemas"]["CreateSandboxRequest"]
+    assert served["properties"]["template"]["enum"] == ["default", "base", None]
+    assert served["properties"]["cpus"]["maximum"] == (os.cpu_count() or 1)
+    generic = openapi_document()["components"]["schemas"]["CreateSandboxRequest"]
+    assert "enum" not in generic["properties"]["template"] and "maximum" not in generic["properties"]["cpus"]
+
+
 def test_create_is_all_or_nothing_when_status_fails(
     api: Callable[..., requests.Response], mgr: FakeManager
 ) -> None:

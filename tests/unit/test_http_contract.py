@@ -17,6 +17,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import errno
+import os
 import posixpath
 import secrets
 import time
@@ -44,6 +45,7 @@ from sandbox_rt import (
     SandboxStatus,
     SnapshotInfo,
     SnapshotNotFound,
+    StateConflict,
 )
 from sandbox_rt.execution import command_text
 from sandbox_rt.files import MAX_LIST_DEPTH
@@ -65,7 +67,7 @@ from sandbox_rt.validation import (
 from tests.http_contract import Steering, call_and_check, examples_per_operation, load_published_schema
 
 EXAMPLES = examples_per_operation(25)  # per operation and mode; the whole file stays well under a minute
-HOST_CPUS = 4
+HOST_CPUS = os.cpu_count() or 1  # what the real runtime checks cpus against (make_spec)
 TEMPLATES = ("default", "base")
 PLAIN = "sbx-00000c0ffe"  # seeded sandboxes: a plain one and one made with root=True
 ROOTED = "sbx-0000000b0b"
@@ -126,7 +128,7 @@ class MemFiles:
     def remove(self, path: str, *, recursive: bool = False) -> None:
         p = self._path(path)
         if p == "/":
-            raise ConfigError("refusing to remove /")
+            raise FileOperationError(errno.EPERM, "remove: refusing to remove /", "/")
         inside = self._inside(p)
         if inside and not recursive:
             raise FileOperationError(errno.ENOTEMPTY, "remove: the directory is not empty", p)
@@ -463,7 +465,7 @@ class ContractManager(FakeManager):
         if sandbox_id not in self.boxes:
             raise SandboxNotFound(sandbox_id)
         if name in self.snapshots:  # what both backends raise for a taken name
-            raise ConfigError(f"a snapshot named {name!r} exists already (delete it first)")
+            raise StateConflict(f"a snapshot named {name!r} exists already (delete it first)")
         info = SnapshotInfo(name, sandbox_id, time.time(), "fake", 4096, self.specs[sandbox_id].template)
         self.snapshots[name] = info
         return info

@@ -10,7 +10,7 @@ import pytest
 import requests
 from test_http_api import AUTH, TOKEN, FakeManager
 
-from sandbox_rt import ConfigError, SandboxNotFound, SnapshotInfo, SnapshotNotFound
+from sandbox_rt import SandboxNotFound, SnapshotInfo, SnapshotNotFound, StateConflict
 from sandbox_rt.http_api import ApiServer
 from sandbox_rt.validation import check_snapshot_name
 
@@ -25,7 +25,7 @@ class SnapshotManager(FakeManager):
         if sandbox_id not in self.boxes:
             raise SandboxNotFound(sandbox_id)
         if name in self.snapshots:
-            raise ConfigError(f"a snapshot named {name!r} exists already")
+            raise StateConflict(f"a snapshot named {name!r} exists already")
         self.snapshots[name] = SnapshotInfo(name, sandbox_id, time.time(), "fake", 4096)
         return self.snapshots[name]
 
@@ -73,6 +73,16 @@ def test_snapshot_errors(url: str, mgr: SnapshotManager) -> None:
     assert (r.status_code, r.json()["error"]["type"]) == (404, "SnapshotNotFound"), r.text
     assert requests.post(snaps, json={"name": "ab"}, timeout=10).status_code == 401
     assert mgr.snapshots == {}
+
+
+def test_a_taken_name_is_a_conflict_not_a_bad_request(url: str, mgr: SnapshotManager) -> None:
+    """The request is well-formed; the state refuses it (issue 18: a documented 409, not a 400)."""
+    sid = requests.post(f"{url}/v1/sandboxes", json={}, headers=AUTH, timeout=10).json()["id"]
+    snaps = f"{url}/v1/sandboxes/{sid}/snapshots"
+    assert requests.post(snaps, json={"name": "taken"}, headers=AUTH, timeout=10).status_code == 201
+    r = requests.post(snaps, json={"name": "taken"}, headers=AUTH, timeout=10)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "conflict"
+    assert r.json()["error"]["type"] == "StateConflict" and "exists already" in r.json()["error"]["message"]
 
 
 class ListingManager(SnapshotManager):

@@ -84,11 +84,7 @@ def test_json_lines_carry_the_fields() -> None:
     finally:
         logs.configure("text", level=logging.WARNING, stream=io.StringIO())
     first, second = (json.loads(line) for line in stream.getvalue().splitlines())
-    assert (
-        first["event"] == "gc"
-        and first["sandbox_id"] == "sbx-00000000d1"
-        and first["reason"] == "expired"
-    )
+    assert first["event"] == "gc" and first["sandbox_id"] == "sbx-00000000d1" and first["reason"] == "expired"
     assert (
         first["level"] == "info"
         and first["logger"] == "sandbox_rt.events"
@@ -120,9 +116,7 @@ def test_python_dash_m_is_the_cli() -> None:
         (["-q", "run", "--json", "--", "true"], (True, True, "text")),
     ],
 )
-def test_common_options_before_or_after_the_command(
-    argv: list[str], want: tuple[bool, bool, str]
-) -> None:
+def test_common_options_before_or_after_the_command(argv: list[str], want: tuple[bool, bool, str]) -> None:
     a = _parser().parse_args(argv)
     assert (a.json, a.quiet, a.log_format) == want
 

@@ -240,4 +240,3 @@ def test_a_servers_template_list_and_status_are_read() -> None:
     with pytest.raises(BackendError):
         answers.parse_status({**status, "template": "Not A Name"})
     assert answers.parse_status({k: v for k, v in status.items() if k != "template"}).template == "default"
-

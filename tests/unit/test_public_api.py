@@ -35,6 +35,7 @@ EXPECTED = {
     "Settings",
     "SnapshotInfo",
     "SnapshotNotFound",
+    "StateConflict",
     "__version__",
     "remote",
 }

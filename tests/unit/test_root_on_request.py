@@ -92,17 +92,13 @@ def _sandbox(root: bool) -> tuple[Sandbox, list[tuple[str, str]], list[str]]:
     ran: list[tuple[str, str]] = []
     opened: list[str] = []
     spec = SandboxSpec(root=root)
-    record = SandboxRecord(
-        "sbx-0000000001", "h", "127.0.0.1", PUB, spec, time.time(), None, 1, "h", "fake"
-    )
+    record = SandboxRecord("sbx-0000000001", "h", "127.0.0.1", PUB, spec, time.time(), None, 1, "h", "fake")
 
     def connect_as(user: str) -> Any:
         opened.append(user)
         return _Executor(user, ran)
 
-    sb = Sandbox(
-        record, FakeBackend(), _Executor("sandbox", ran), 30.0, connect_as if root else None
-    )  # type: ignore[arg-type]
+    sb = Sandbox(record, FakeBackend(), _Executor("sandbox", ran), 30.0, connect_as if root else None)  # type: ignore[arg-type]
     return sb, ran, opened
 
 
@@ -173,9 +169,7 @@ def test_proxmox_sets_env_only_for_root(pve_backend: tuple[ProxmoxBackend, Any])
 def test_remote_requests_carry_root_and_user_only_when_asked() -> None:
     assert "root" not in create_call().json  # type: ignore[operator]
     assert create_call(root=True).json["root"] is True  # type: ignore[index]
-    body = wire.exec_body(
-        "id", timeout=None, cwd=None, env=None, stdin=None, max_output=10, stream=False
-    )
+    body = wire.exec_body("id", timeout=None, cwd=None, env=None, stdin=None, max_output=10, stream=False)
     assert "user" not in body
     body = wire.exec_body(
         "id", timeout=None, cwd=None, env=None, stdin=None, max_output=10, stream=False, user="root"

@@ -9,7 +9,14 @@ import time
 import pytest
 from test_manager_cleanup import PUB, FakeBackend, _manager
 
-from sandbox_rt import BackendError, ConfigError, SandboxNotReady, SnapshotInfo, SnapshotNotFound
+from sandbox_rt import (
+    BackendError,
+    ConfigError,
+    SandboxNotReady,
+    SnapshotInfo,
+    SnapshotNotFound,
+    StateConflict,
+)
 from sandbox_rt.backends.base import SnapshotBackend
 from sandbox_rt.models import SandboxRecord, SandboxSpec
 from sandbox_rt.validation import check_snapshot_name
@@ -26,7 +33,7 @@ class FakeSnapshots(FakeBackend):
     def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
         self.get(sandbox_id)
         if name in self.snapshots:
-            raise ConfigError(f"a snapshot named {name!r} exists already")
+            raise StateConflict(f"a snapshot named {name!r} exists already")
         self.snapshots[name] = SnapshotInfo(name, sandbox_id, time.time(), self.name)
         return self.snapshots[name]
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ...errors import BackendError, ConfigError, SnapshotNotFound
+from ...errors import BackendError, SnapshotNotFound, StateConflict
 from ...filelock import file_lock
 from ...models import SnapshotInfo
 from .fstree import copy_tree, sweep_stale, tree_bytes
@@ -60,7 +60,7 @@ class SnapshotStore:
         source still (frozen); the runtime's record and network state are not part of it."""
         final = self._dir(name)
         if final.exists():
-            raise ConfigError(f"a snapshot named {name!r} exists already (delete it first)")
+            raise StateConflict(f"a snapshot named {name!r} exists already (delete it first)")
         sweep_stale(self.path, _TMP)
         tmp = self.path / f"{_TMP}{os.getpid()}-{secrets.token_hex(4)}"
         try:
@@ -80,7 +80,8 @@ class SnapshotStore:
                 os.rename(tmp, final)  # atomic; refuses an existing (non-empty) snapshot dir
             except OSError as exc:
                 if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                    raise ConfigError(f"a snapshot named {name!r} exists already (delete it first)") from exc
+                    taken = f"a snapshot named {name!r} exists already (delete it first)"
+                    raise StateConflict(taken) from exc
                 raise
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ...errors import BackendError, ConfigError, PermissionDenied, SnapshotNotFound
+from ...errors import BackendError, PermissionDenied, SnapshotNotFound, StateConflict
 from ...filelock import file_lock
 from ...models import SandboxRecord, SandboxSpec, SnapshotInfo
 from .core import PveCore
@@ -77,7 +77,7 @@ class PveSnapshots(PveCore):
         note = f"sandbox-rt snapshot of {sandbox_id}{TEMPLATE_NOTE}{template}"
         with self._snapshot_lock():
             if any(e["name"] == name for *_where, e in self._snapshots()):
-                raise ConfigError(f"a snapshot named {name!r} exists already (delete it first)")
+                raise StateConflict(f"a snapshot named {name!r} exists already (delete it first)")
             ct = self._ct(node, vmid)
             upid = self._retrying(
                 "snapshot",

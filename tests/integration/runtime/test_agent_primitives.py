@@ -5,6 +5,7 @@ terminal (``sb.pty`` and ``sandbox-rt shell`` driven through tmux as a person wo
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -54,8 +55,9 @@ def test_files_list_stat_exists_mkdir_rename_remove(sb: sandbox_rt.Sandbox) -> N
     f.remove("/home/sandbox/t", recursive=True)
     assert not f.exists("/home/sandbox/t")
     f.remove("/home/sandbox/t")  # absent is fine
-    with pytest.raises(ConfigError):
+    with pytest.raises(FileOperationError) as refused:  # never /: a file error (HTTP 403), not a bad argument
         f.remove("/", recursive=True)
+    assert refused.value.errno == errno.EPERM
     with pytest.raises(FileOperationError) as caught:
         f.stat("/home/sandbox/nope")
     assert caught.value.errno == 2

@@ -6,12 +6,15 @@ import errno
 import hashlib
 import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 import sandbox_rt
 from sandbox_rt import CommandTimeout, ExecError, Manager, SandboxNotFound
+
+from .conftest import SESSION_LABEL
 
 
 def test_create_exec_destroy(manager: Manager, make) -> None:  # type: ignore[no-untyped-def]
@@ -105,6 +108,57 @@ def test_read_errors_name_the_cause(sandbox: sandbox_rt.Sandbox, path: str, code
         sandbox.read_file(path)
     assert err.value.errno == code, err.value
     assert sandbox.exec("test -e /tmp/pwned").exit_code == 1
+
+
+# OpenSSH's sftp-server answers these with a bare "Failure" (EISDIR, ENOTEMPTY, EEXIST), "Bad message"
+# (EINVAL, ENAMETOOLONG) or "no such file" (ENOTDIR); the host finds out which (HTTP: 409, not 500).
+W = "/tmp/why"
+LONG = W + "/" + "n" * 256
+FILE_CASES: list[tuple[str, Callable[[sandbox_rt.Sandbox], object], int]] = [
+    ("write onto /tmp", lambda sb: sb.write_file("/tmp", b"x"), errno.EISDIR),
+    ("write onto a link to a directory", lambda sb: sb.write_file(f"{W}/ldir", b"x"), errno.EISDIR),
+    ("files.write onto a directory", lambda sb: sb.files.write(f"{W}/dir", "x"), errno.EISDIR),
+    ("upload a file onto a directory", lambda sb: sb.upload(__file__, f"{W}/dir"), errno.EISDIR),
+    ("write below a file", lambda sb: sb.write_file(f"{W}/file/x", b"x"), errno.ENOTDIR),
+    ("remove a full directory", lambda sb: sb.files.remove(f"{W}/dir"), errno.ENOTEMPTY),
+    ("rename /tmp into itself", lambda sb: sb.files.rename("/tmp", "/tmp/contract/sub"), errno.EINVAL),
+    ("rename into itself by a link", lambda sb: sb.files.rename(f"{W}/dir", f"{W}/ldir/x"), errno.EINVAL),
+    ("rename onto a full directory", lambda sb: sb.files.rename(f"{W}/empty", f"{W}/dir"), errno.ENOTEMPTY),
+    ("rename a directory onto a file", lambda sb: sb.files.rename(f"{W}/empty", f"{W}/file"), errno.ENOTDIR),
+    ("rename a file onto a directory", lambda sb: sb.files.rename(f"{W}/file", f"{W}/empty"), errno.EISDIR),
+    ("rename below a file", lambda sb: sb.files.rename(f"{W}/dir/f", f"{W}/file/x"), errno.ENOTDIR),
+    ("mkdir over a dangling link", lambda sb: sb.files.mkdir(f"{W}/dangling"), errno.EEXIST),
+    ("mkdir -p over a dangling link", lambda sb: sb.files.mkdir(f"{W}/dangling/d"), errno.EEXIST),
+    ("mkdir over a file", lambda sb: sb.files.mkdir(f"{W}/file", parents=False), errno.EEXIST),
+    ("mkdir below a file", lambda sb: sb.files.mkdir(f"{W}/file/d", parents=False), errno.ENOTDIR),
+    ("write a name too long", lambda sb: sb.write_file(LONG, b"x"), errno.ENAMETOOLONG),
+    ("stat a name too long", lambda sb: sb.files.stat(LONG), errno.ENAMETOOLONG),
+    ("read a name too long", lambda sb: sb.read_file(LONG), errno.ENAMETOOLONG),
+    ("rename to a name too long", lambda sb: sb.files.rename(f"{W}/file", LONG), errno.ENAMETOOLONG),
+]
+
+
+@pytest.fixture(scope="module")
+def lxc_box(lxc_manager: Manager) -> Iterator[sandbox_rt.Sandbox]:
+    with lxc_manager.create(memory_mb=512, labels=SESSION_LABEL) as sb:
+        yield sb
+
+
+@pytest.mark.parametrize(("action", "code"), [c[1:] for c in FILE_CASES], ids=[c[0] for c in FILE_CASES])
+def test_file_errors_name_the_cause(
+    lxc_box: sandbox_rt.Sandbox, action: Callable[[sandbox_rt.Sandbox], object], code: int
+) -> None:
+    lxc_box.exec(
+        f"rm -rf {W} && mkdir -p {W}/dir/sub {W}/empty /tmp/contract && touch {W}/file {W}/dir/f && "
+        f"ln -s {W}/dir {W}/ldir && ln -s /nowhere {W}/dangling",
+        check=True,
+    )
+    with pytest.raises(sandbox_rt.FileOperationError) as err:
+        action(lxc_box)
+    assert err.value.errno == code, err.value
+    assert err.value.strerror.split(":")[0] in ("write", "remove", "rmdir", "rename", "mkdir", "stat", "read")
+    unchanged = f"test -d /tmp/contract -a -f {W}/file -a -f {W}/dir/f -a -d {W}/empty -a -L {W}/dangling"
+    assert lxc_box.exec(unchanged).exit_code == 0
 
 
 def test_read_and_download_are_byte_exact(sandbox: sandbox_rt.Sandbox, tmp_path: Path) -> None:
