@@ -2,9 +2,9 @@
 
     python -m benchmarks [--runs 20] [--quick] [--only lifecycle,transfer,...] [--json PATH]
 
-Groups (all by default): lifecycle, transfer, concurrency, pve, profile, neighbours (see each module's
-docstring and docs/benchmarks.md). Prints median, p90 and max of every measure and the ratio to its
-baseline; writes everything to JSON (default benchmarks/results.json, not committed). Run as root
+Groups (all by default): lifecycle, transfer, concurrency, pve, profile, neighbours, frontdoors (see
+each module's docstring and docs/benchmarks.md). Prints median, p90 and max of every measure and the
+ratio to its baseline; writes everything to JSON (default benchmarks/results.json, not committed). Run as root
 on a host prepared by site.yml. Every sandbox made carries the labels bench=1 and bench-run=<id>
 and is destroyed before the suite exits, also on Ctrl-C or SIGTERM.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 import paramiko
 
-from . import concurrency, lifecycle, neighbours, profile, pve, transfer
+from . import concurrency, frontdoors, lifecycle, neighbours, profile, pve, transfer
 from .context import Bench, Options
 from .report import format_table, write_json
 
@@ -39,6 +39,7 @@ GROUPS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "pve": pve.run,
     "profile": profile.run,
     "neighbours": neighbours.run,
+    "frontdoors": frontdoors.run,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results.json"
 

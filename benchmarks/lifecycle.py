@@ -24,14 +24,13 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import time
-from collections.abc import Callable
 from typing import Any
 
 import sandbox_rt
 
 from .context import Bench
 from .raw import OpenSSH, wait_port
-from .stats import compare, summary
+from .stats import compare, summary, timed
 
 __all__ = ["run"]
 
@@ -58,12 +57,6 @@ LXCFS_HOOKS = [  # /usr/share/lxc/config/common.conf.d/00-lxcfs.conf
 RAW = {k for k in WHAT if k.startswith("raw_")}
 
 
-def _timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def _run_ok(cmd: list[str]) -> None:
     subprocess.run(cmd, check=True, capture_output=True)
 
@@ -82,7 +75,7 @@ def _raw_cycle(b: Bench, res: dict[str, list[float]]) -> None:
             t_ssh = time.perf_counter()
             res["raw_create_port22"].append(t_port - t0)
             res["raw_create_first_ssh"].append(t_ssh - t0)
-            res["raw_destroy"].append(_timed(lambda: b.raw.destroy(name)))
+            res["raw_destroy"].append(timed(lambda: b.raw.destroy(name)))
         finally:
             b.raw.remove(name)
 
@@ -97,7 +90,7 @@ def _cycle(b: Bench, res: dict[str, list[float]]) -> None:
         res["create_ssh_ready"].append(t_ready - t0)
         res["create_first_exec"].append(t_first - t0)
     finally:
-        res["destroy"].append(_timed(sb.destroy))
+        res["destroy"].append(timed(sb.destroy))
 
 
 def _shared_ids_cycle(b: Bench, res: dict[str, list[float]], shared: sandbox_rt.Manager) -> None:
@@ -115,7 +108,7 @@ def _lxcfs_cycle(b: Bench, res: dict[str, list[float]], plain: sandbox_rt.Manage
     t0 = time.perf_counter()
     sb = b.create(plain)
     res["create_ssh_ready_no_lxcfs"].append(time.perf_counter() - t0)
-    res["destroy_no_lxcfs"].append(_timed(sb.destroy))
+    res["destroy_no_lxcfs"].append(timed(sb.destroy))
 
 
 def _exec_round_trips(b: Bench, res: dict[str, list[float]], count: int) -> None:
@@ -127,9 +120,9 @@ def _exec_round_trips(b: Bench, res: dict[str, list[float]], count: int) -> None
             _run_ok(ossh.ssh("true", mux=True))
             for _ in range(count):
                 b.checkpoint()
-                res["exec_true"].append(_timed(lambda: sb.exec("true")))
-                res["raw_openssh_controlmaster"].append(_timed(lambda: _run_ok(ossh.ssh("true", mux=True))))
-                res["raw_lxc_attach"].append(_timed(lambda: _run_ok(attach)))
+                res["exec_true"].append(timed(lambda: sb.exec("true")))
+                res["raw_openssh_controlmaster"].append(timed(lambda: _run_ok(ossh.ssh("true", mux=True))))
+                res["raw_lxc_attach"].append(timed(lambda: _run_ok(attach)))
 
 
 def _warm_pool(b: Bench, res: dict[str, list[float]], runs: int) -> None:
@@ -163,7 +156,7 @@ def run(b: Bench) -> dict[str, Any]:
     with b.template_variant(lambda lines: [*_without_lxcfs(lines), *LXCFS_HOOKS]) as hooked:
         for _ in range(min(runs, 3)):  # 0.5 s each: a few show it
             b.checkpoint()
-            res["destroy_lxcfs_hooks"].append(_timed(b.create(hooked).destroy))
+            res["destroy_lxcfs_hooks"].append(timed(b.create(hooked).destroy))
     _exec_round_trips(b, res, max(runs * 5, 20))
     _warm_pool(b, res, runs)
     measures = {k: summary(v, WHAT[k], raw=k in RAW) for k, v in res.items()}
@@ -180,4 +173,3 @@ def run(b: Bench) -> dict[str, Any]:
         compare(measures, "destroy_lxcfs_hooks", "destroy", against="variant"),
     ]
     return {"measures": measures, "comparisons": comparisons, "facts": {"runs": runs}}
-

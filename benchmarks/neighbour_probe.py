@@ -179,7 +179,7 @@ def flood_memory(f: Flood) -> dict[str, int]:
             hold = []
             while True:
                 chunk = bytearray(16 << 20)
-                chunk[:: 4096] = b"x" * len(chunk[:: 4096])
+                chunk[::4096] = b"x" * len(chunk[::4096])
                 hold.append(chunk)
         _, status = os.waitpid(pid, 0)
         if os.WIFSIGNALED(status):

@@ -43,7 +43,7 @@ import sandbox_rt
 from sandbox_rt.backends.lxc.fstree import rewrite_file_beneath
 
 from .context import Bench
-from .stats import compare, summary, throughput
+from .stats import compare, summary, throughput, timed
 
 __all__ = ["FIGURES", "PHASES", "run"]
 
@@ -88,12 +88,6 @@ class ConntrackSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def _probe_json(sb: sandbox_rt.Sandbox, *args: object, timeout: float = 120) -> dict[str, Any]:
@@ -194,7 +188,7 @@ def _measure(b: Bench, victim: sandbox_rt.Sandbox, res: dict[str, list[float]], 
     count = 10 if b.opts.quick else 40
     mb = _throughput_mb(b)
     for _ in range(count):
-        res[f"exec_rtt@{phase}"].append(_timed(lambda: victim.exec("true", check=True)))
+        res[f"exec_rtt@{phase}"].append(timed(lambda: victim.exec("true", check=True)))
     dns = _probe_json(victim, "dns", count, b.settings.dns_server, DNS_NAME)
     res[f"dns_answer@{phase}"] += [float(x) for x in dns["latencies"]]
     fsync = _probe_json(victim, "fsync", count, "/home/sandbox/.fsync-probe")

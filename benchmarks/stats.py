@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import statistics
+import time
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Measures", "compare", "percentile", "summary", "throughput"]
+__all__ = ["Measures", "compare", "percentile", "summary", "throughput", "timed"]
 
 Measures = dict[str, dict[str, Any]]
 
@@ -66,3 +68,10 @@ def compare(
         "ratio": ratio,
         "diff_ms": ours["median_ms"] - base["median_ms"],
     }
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds ``fn()`` took (perf_counter)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0

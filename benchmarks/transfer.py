@@ -12,14 +12,13 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .context import Bench
 from .raw import OpenSSH
-from .stats import compare, summary, throughput
+from .stats import compare, summary, throughput, timed
 
 __all__ = ["run"]
 
@@ -52,12 +51,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def _ok(cmd: list[str]) -> Callable[[], object]:
     return lambda: subprocess.run(cmd, check=True, capture_output=True)
 
@@ -87,7 +80,7 @@ def run(b: Bench) -> dict[str, Any]:
                 for round_ in range(b.opts.runs + 1):  # round 0 warms caches and is not counted
                     for name, step in steps:
                         b.checkpoint()
-                        t = _timed(step)
+                        t = timed(step)
                         if round_:
                             res[name].append(t)
                     if round_ == 0:

@@ -28,7 +28,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-GROUPS = ("lifecycle", "transfer", "concurrency", "pve", "profile", "neighbours")
+GROUPS = ("lifecycle", "transfer", "concurrency", "pve", "profile", "neighbours", "frontdoors")
 PHASES = ("conntrack", "dns", "connrate", "bandwidth", "odirect", "buffered", "forkstorm", "memory")
 FIGURES = ("exec_rtt", "dns_answer", "fsync", "throughput")
 EXPECTED = {
@@ -56,6 +56,15 @@ EXPECTED = {
         "raw_scp_download",
     },
     "concurrency": {"concurrent_create_n5", "raw_concurrent_create_n5"},
+    "frontdoors": {
+        "exec_true",
+        "http_exec_json",
+        "http_exec_raw",
+        "http_exec_sse",
+        "status",
+        "http_status",
+        "raw_openssh_controlmaster",
+    },
     "pve": {f"{b}_{op}" for b in ("pve", "lxc") for op in ("create_ssh_ready", "exec_true", "destroy")},
     # every victim figure while idle; the flooded ones exist unless a phase lost every DNS answer
     "neighbours": {f"{fig}@idle" for fig in FIGURES}
