@@ -67,6 +67,7 @@ _FILE_CODES = {
     "file_too_large": errno.EFBIG,
     "file_error": errno.EIO,
     "too_many_entries": errno.E2BIG,
+    "file_name_too_long": errno.ENAMETOOLONG,
 }
 
 

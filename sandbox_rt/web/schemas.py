@@ -269,8 +269,8 @@ class ErrorDetail(BaseModel):
     code: str = Field(
         description="Stable machine-readable code, e.g. invalid_argument, unauthorized, not_found, "
         "route_not_found, method_not_allowed, conflict, payload_too_large, command_timeout, "
-        "file_not_found, file_permission_denied, file_conflict, connection_lost, backend_error, "
-        "backend_permission_denied, sandbox_not_ready, insufficient_storage, internal_error, "
+        "file_not_found, file_permission_denied, file_conflict, file_name_too_long, connection_lost, "
+        "backend_error, backend_permission_denied, sandbox_not_ready, insufficient_storage, internal_error, "
         "request_timeout, length_required, uri_too_long, request_header_fields_too_large, server_busy."
     )
     message: str = Field(description="Human-readable; names the bad field.")
