@@ -90,7 +90,8 @@ class ApiServer:
 
             if opensandbox_port == port and port != 0:
                 raise ConfigError(f"--opensandbox-port {opensandbox_port} is the native API's port")
-            sites.append(Site(build_opensandbox_app(ctx, token=token), host, opensandbox_port))
+            # chunked bodies too: the opensandbox SDK uploads files that way
+            sites.append(Site(build_opensandbox_app(ctx, token=token), host, opensandbox_port, chunked=True))
         self._service = HttpService(sites, limits=limits)
         if not is_loopback(host):
             log.warning("the HTTP API listens on %s, not loopback: the token travels in clear text", host)

@@ -6,6 +6,7 @@ import builtins
 import contextlib
 import dataclasses
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -15,7 +16,7 @@ from typing import Any
 import paramiko
 
 from . import logs
-from .backends.base import Backend, snapshot_backend
+from .backends.base import Backend, pause_backend, snapshot_backend
 from .config import Settings
 from .errors import ConfigError, SandboxError, SandboxNotFound, SnapshotNotFound
 from .models import (
@@ -33,7 +34,12 @@ from .sandbox import Sandbox
 from .ssh import SSHExecutor, load_private_key, parse_public_key
 from .validation import check_sandbox_id, check_snapshot_name, make_spec
 
-__all__ = ["GcResult", "Manager", "new_sandbox_id"]
+__all__ = ["PAUSED_STATES", "GcResult", "Manager", "new_sandbox_id"]
+
+# what Backend.state says of a paused sandbox (the lxc backend: its cgroup freezer), or of one whose
+# freeze is still settling
+PAUSED_STATES = ("frozen", "freezing")
+
 
 def _since(t0: float) -> float:
     return round(time.monotonic() - t0, 4)
@@ -296,9 +302,52 @@ class Manager:
         check_sandbox_id(sandbox_id)
         record = self.backend.get(sandbox_id)
         state = self.backend.state(sandbox_id)
+        if state in PAUSED_STATES:
+            raise SandboxError(f"sandbox {sandbox_id} is paused ({state}): resume it first")
         if state != "running":
             raise SandboxError(f"sandbox {sandbox_id} is {state}, not running")
         return self._connect(record, self.key)
+
+    def state(self, sandbox_id: str) -> str:
+        """What the engine says of a sandbox now: ``running``, ``frozen`` (paused), ``stopped``, ...;
+        SandboxNotFound if there is none."""
+        self.backend.get(check_sandbox_id(sandbox_id))
+        return self.backend.state(sandbox_id)
+
+    def pause(self, sandbox_id: str) -> None:
+        """Freeze every process of a running sandbox where it stands; nothing in it runs (and no new
+        connection to it is made) until :meth:`resume`. Its TTL keeps counting. Idempotent; a backend
+        that cannot pause raises ConfigError, a stopped sandbox StateConflict."""
+        check_sandbox_id(sandbox_id)
+        backend = pause_backend(self.backend)
+        t0 = time.monotonic()
+        backend.pause(sandbox_id)
+        logs.event("pause", sandbox_id, backend=self.backend.name, duration_s=_since(t0))
+
+    def resume(self, sandbox_id: str) -> None:
+        """Let a paused sandbox run again from where it stood. Idempotent."""
+        check_sandbox_id(sandbox_id)
+        backend = pause_backend(self.backend)
+        t0 = time.monotonic()
+        backend.resume(sandbox_id)
+        logs.event("resume", sandbox_id, backend=self.backend.name, duration_s=_since(t0))
+
+    def extend(self, sandbox_id: str, ttl_s: int) -> SandboxRecord:
+        """Let a sandbox (running or paused) live ``ttl_s`` seconds from now; its new record.
+        :meth:`Sandbox.extend` by id, without connecting to it."""
+        return self._respec(sandbox_id, ttl_s=ttl_s)
+
+    def relabel(self, sandbox_id: str, labels: Mapping[str, str]) -> SandboxRecord:
+        """Replace a sandbox's labels (running or paused); its expiry stays, to the second."""
+        return self._respec(sandbox_id, labels=dict(labels))
+
+    def _respec(self, sandbox_id: str, **changes: Any) -> SandboxRecord:
+        record = self.backend.get(check_sandbox_id(sandbox_id))
+        if "ttl_s" not in changes:  # the backend counts the expiry from now: keep the current one
+            left = None if record.expires_at is None else math.ceil(record.expires_at - time.time())
+            changes["ttl_s"] = None if left is None else max(1, left)
+        spec = make_spec(**{**dataclasses.asdict(record.spec), **changes})
+        return self.backend.update(record, spec)
 
     def destroy(self, sandbox_id: str) -> None:
         """Destroy a sandbox by id; SandboxNotFound if there is none."""

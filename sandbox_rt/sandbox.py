@@ -333,6 +333,7 @@ class Sandbox:
         return entries
 
     def status(self) -> SandboxStatus:
+        self.record = self._backend.get(self.id)  # labels and expiry as they are now, not as attached
         spec = self.record.spec
         state = self._backend.state(self.id)
         running = state == "running"
@@ -390,8 +391,10 @@ class Sandbox:
     def extend(self, ttl_s: int) -> None:
         """Let the sandbox live ``ttl_s`` seconds from now (E2B's ``set_timeout``)."""
         self._check_alive()
-        spec = make_spec(**{**dataclasses.asdict(self.record.spec), "ttl_s": ttl_s})
-        self.record = self._backend.update(self.record, spec)
+        # the record as it is now: another process (or the API's other dialect) may have changed it
+        record = self._backend.get(self.id)
+        spec = make_spec(**{**dataclasses.asdict(record.spec), "ttl_s": ttl_s})
+        self.record = self._backend.update(record, spec)
 
     def is_connected(self) -> bool:
         return not self._destroyed and self._ssh.is_connected()

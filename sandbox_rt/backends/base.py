@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 from ..errors import ConfigError
 from ..models import ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
 
-__all__ = ["Backend", "GcCandidate", "SnapshotBackend", "snapshot_backend"]
+__all__ = ["Backend", "GcCandidate", "PauseBackend", "SnapshotBackend", "pause_backend", "snapshot_backend"]
 
 
 class GcCandidate:
@@ -107,4 +107,29 @@ def snapshot_backend(backend: object) -> SnapshotBackend:
     """``backend`` as a :class:`SnapshotBackend`, or ConfigError if it has no snapshots."""
     if not isinstance(backend, SnapshotBackend):
         raise ConfigError(f"the {getattr(backend, 'name', type(backend).__name__)} backend has no snapshots")
+    return backend
+
+
+@runtime_checkable
+class PauseBackend(Protocol):
+    """What a backend adds to pause sandboxes (an optional capability of :class:`Backend`, like
+    :class:`SnapshotBackend`: a test's fake engine need not have it).
+
+    ``pause`` freezes every process of a running sandbox where it stands (its memory, files and
+    network state stay; nothing runs until ``resume``); ``state`` then says ``frozen``. Both are
+    idempotent: pausing a paused sandbox or resuming a running one changes nothing. A stopped
+    sandbox is a StateConflict; an unknown one SandboxNotFound.
+    """
+
+    def pause(self, sandbox_id: str) -> None: ...
+
+    def resume(self, sandbox_id: str) -> None: ...
+
+
+def pause_backend(backend: object) -> PauseBackend:
+    """``backend`` as a :class:`PauseBackend`, or ConfigError if it cannot pause sandboxes."""
+    if not isinstance(backend, PauseBackend):
+        raise ConfigError(
+            f"the {getattr(backend, 'name', type(backend).__name__)} backend cannot pause sandboxes"
+        )
     return backend

@@ -48,11 +48,13 @@ class Gate:
         api_key_header: str | None = None,
         render: Callable[[HttpError], bytes] | None = None,
         echo_request_id: bool = False,
+        chunked: bool = False,
     ) -> None:
         """``api_key_header``: a header that may carry the token as it is (besides ``Authorization:
         Bearer``); ``render``: the body of an error this gate answers (default: the native
         ``{"error": {...}}``); ``echo_request_id``: every answer carries the request's
-        ``X-Request-ID`` (or a new one)."""
+        ``X-Request-ID`` (or a new one); ``chunked``: a body may come chunked (its transport lets
+        ``Transfer-Encoding: chunked`` alone through), bounded as it is read."""
         self.app = app
         self._token = token.encode("ascii")
         self.limits = limits
@@ -61,6 +63,7 @@ class Gate:
         self._api_key_header = api_key_header.lower().encode("ascii") if api_key_header else None
         self._render = render or HttpError.encoded
         self._echo_request_id = echo_request_id
+        self._chunked = chunked
 
     def _authorized(self, scope: Scope) -> bool:
         headers = scope.get("headers", [])
@@ -80,10 +83,13 @@ class Gate:
             return
         status: list[int] = []
         request_id = _request_id(scope) if self._echo_request_id else None
+        client = (scope.get("client") or ("-", 0))[0]
 
         async def send_no_store(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status.append(int(message["status"]))
+                # logged before the answer leaves: a client that has it finds the line written
+                log.info('%s "%s %s" %s', client, scope["method"], scope["path"], status[0])
                 headers = list(message.get("headers", []))
                 if not any(k.lower() == b"cache-control" for k, _ in headers):
                     headers.append((b"cache-control", b"no-store"))
@@ -101,8 +107,8 @@ class Gate:
                 await _answer(send_no_store, internal, self._render)
             # else: answered (Starlette answers, then re-raises what it answered for; logged there)
         finally:
-            client = scope.get("client") or ("-", 0)
-            log.info('%s "%s %s" %s', client[0], scope["method"], scope["path"], status[0] if status else "-")
+            if not status:  # no answer at all (the client left while its body came in)
+                log.info('%s "%s %s" -', client, scope["method"], scope["path"])
 
     async def _pass(self, scope: Scope, receive: Receive, send: Send) -> None:
         limits = self.limits
@@ -111,25 +117,22 @@ class Gate:
         public = scope["path"] in self.public
         authorized = public or self._authorized(scope)
         try:
-            length = _content_length(scope)
+            length = _content_length(scope, chunked=self._chunked)  # None: chunked, length unknown
             if not authorized:
-                if length > limits.max_unauth_body_bytes:  # not read: the connection cannot be reused
+                if length is None or length > limits.max_unauth_body_bytes:  # unread: cannot be reused
                     raise self._refusal(close=True)
                 await _read_body(receive, length, deadline=head_deadline, stall_s=limits.io_timeout_s)
                 raise self._refusal(close=False)
             limit = limits.max_unauth_body_bytes if public else limits.max_body_bytes
-            if length > limit:
-                why = " of a request without a valid token" if public else ""
-                raise HttpError(
-                    413,
-                    "payload_too_large",
-                    f"request body of {length} bytes is larger than the limit{why}, {limit} bytes",
-                    extra={"limit_bytes": limit},
-                    close=True,
+            if length is not None and length > limit:
+                raise _too_large(length, limit, public)
+            deadline = head_deadline if public else None
+            if length is None:
+                body = await _read_chunked(
+                    receive, limit, public, deadline=deadline, stall_s=limits.io_timeout_s
                 )
-            body = await _read_body(
-                receive, length, deadline=head_deadline if public else None, stall_s=limits.io_timeout_s
-            )
+            else:
+                body = await _read_body(receive, length, deadline=deadline, stall_s=limits.io_timeout_s)
             if _CONTROL.search(scope["path"]):
                 # a route's regex ends with "$", which Python also finds before a final newline:
                 # "/healthz%0A" would be "/healthz". No route has a control character in its path.
@@ -153,12 +156,27 @@ class _Disconnected(Exception):
     """The client went away while its body was read."""
 
 
-def _content_length(scope: Scope) -> int:
-    """The declared body length (the transport has refused chunked and malformed framing; a server
-    without it gets the same refusals here)."""
-    values = [v for k, v in scope.get("headers", []) if k in (b"content-length", b"transfer-encoding")]
-    names = [k for k, _ in scope.get("headers", []) if k in (b"content-length", b"transfer-encoding")]
-    if b"transfer-encoding" in names:
+def _too_large(length: int, limit: int, public: bool) -> HttpError:
+    why = " of a request without a valid token" if public else ""
+    return HttpError(
+        413,
+        "payload_too_large",
+        f"request body of {length} bytes is larger than the limit{why}, {limit} bytes",
+        extra={"limit_bytes": limit},
+        close=True,
+    )
+
+
+def _content_length(scope: Scope, *, chunked: bool = False) -> int | None:
+    """The declared body length, or None for a chunked body where ``chunked`` allows one (the
+    transport has refused other and malformed framing; a server without it gets the same refusals
+    here)."""
+    headers = scope.get("headers", [])
+    values = [v for k, v in headers if k == b"content-length"]
+    encodings = [bytes(v).strip().lower() for k, v in headers if k == b"transfer-encoding"]
+    if chunked and encodings == [b"chunked"] and not values:
+        return None
+    if encodings:
         raise HttpError(
             411,
             "length_required",
@@ -175,6 +193,40 @@ def _content_length(scope: Scope) -> int:
     return int(raw)
 
 
+async def _read_chunked(
+    receive: Receive, limit: int, public: bool, *, deadline: float | None, stall_s: float
+) -> bytes:
+    """A chunked body of at most ``limit`` bytes (413, connection closed, once it passes it), with
+    the deadlines of :func:`_read_body`."""
+    chunks: list[bytes] = []
+    got = 0
+    more = True
+    while more:
+        message = await _next_message(receive, deadline, stall_s)
+        chunk = message.get("body", b"")
+        got += len(chunk)
+        if got > limit:
+            raise _too_large(got, limit, public)
+        chunks.append(chunk)
+        more = bool(message.get("more_body", False))
+    return b"".join(chunks)
+
+
+async def _next_message(receive: Receive, deadline: float | None, stall_s: float) -> Message:
+    wait = stall_s if deadline is None else min(stall_s, deadline - time.monotonic())
+    try:
+        if wait <= 0:
+            raise TimeoutError
+        message = await asyncio.wait_for(receive(), wait)
+    except TimeoutError:
+        raise HttpError(
+            408, "request_timeout", "the request body stopped arriving (connection closed)", close=True
+        ) from None
+    if message["type"] == "http.disconnect":
+        raise _Disconnected
+    return message
+
+
 async def _read_body(receive: Receive, length: int, *, deadline: float | None, stall_s: float) -> bytes:
     """Exactly ``length`` bytes of body: each read waits at most ``stall_s`` and never past
     ``deadline`` (a :func:`time.monotonic` time); 408 (connection closed) when one runs out."""
@@ -182,17 +234,7 @@ async def _read_body(receive: Receive, length: int, *, deadline: float | None, s
     got = 0
     more = length > 0
     while more:
-        wait = stall_s if deadline is None else min(stall_s, deadline - time.monotonic())
-        try:
-            if wait <= 0:
-                raise TimeoutError
-            message = await asyncio.wait_for(receive(), wait)
-        except TimeoutError:
-            raise HttpError(
-                408, "request_timeout", "the request body stopped arriving (connection closed)", close=True
-            ) from None
-        if message["type"] == "http.disconnect":
-            raise _Disconnected
+        message = await _next_message(receive, deadline, stall_s)
         chunk = message.get("body", b"")
         got += len(chunk)
         if got > length:  # the server would not pass more than Content-Length: never trust that here

@@ -88,11 +88,14 @@ _H11_SHORT_BODY = re.compile(r"received (\d+) bytes, expected (\d+)")  # h11's m
 
 @dataclasses.dataclass(frozen=True)
 class Site:
-    """One listening address and the ASGI app served there (``port=0``: a free port)."""
+    """One listening address and the ASGI app served there (``port=0``: a free port).
+    ``chunked``: a body may come as ``Transfer-Encoding: chunked`` alone (h11 decodes it; the app
+    bounds it as it reads); else any Transfer-Encoding is a 411."""
 
     app: ASGIApp
     host: str
     port: int
+    chunked: bool = False
 
 
 # -- the answers the transport writes itself ------------------------------------------------------------
@@ -142,29 +145,35 @@ def _too_large(pending: bytes, limit: int) -> _Refused:
     return _Refused(431, "request_header_fields_too_large", f"the request head is larger than {limit} bytes")
 
 
-def _head_refusal(pending: bytes, limit: int) -> _Refused | None:
+def _head_refusal(pending: bytes, limit: int, *, chunked: bool = False) -> _Refused | None:
     """What is wrong with a request whose bytes so far are ``pending``: a head over ``limit`` bytes
     (whole or not), or a complete head whose framing could be read two ways. Read from the raw
-    bytes, because h11 normalizes them (it merges "Content-Length: 3" sent twice, and "3, 3")."""
+    bytes, because h11 normalizes them (it merges "Content-Length: 3" sent twice, and "3, 3").
+    ``chunked``: one ``Transfer-Encoding: chunked`` without any Content-Length is the framing."""
     end = _HEAD_END.search(pending, 0, limit + 1)
     if end is None:
         return None if len(pending) <= limit else _too_large(pending, limit)
     if end.end() > limit:
         return _too_large(pending, limit)
     lengths: list[bytes] = []
+    encodings: list[bytes] = []
     for line in pending[: end.start()].split(b"\n")[1:]:
         name, colon, value = line.partition(b":")
         if not colon:
             continue  # h11 refuses it
         name = name.strip(b" \t").lower()
         if name == b"transfer-encoding":
-            return _Refused(
-                411,
-                "length_required",
-                "send the body with a Content-Length (no chunked uploads, no Transfer-Encoding)",
-            )
+            encodings.append(value.strip(b" \t\r").lower())
         if name == b"content-length":
             lengths.append(value.strip(b" \t\r"))
+    if encodings and not (chunked and encodings == [b"chunked"] and not lengths):
+        return _Refused(
+            411,
+            "length_required",
+            "send the body with a Content-Length (no chunked uploads, no Transfer-Encoding)"
+            if not chunked
+            else "send the body with a Content-Length or as Transfer-Encoding: chunked alone",
+        )
     if len(lengths) > 1:
         return _Refused(400, "invalid_argument", "more than one Content-Length header")
     if lengths and _CONTENT_LENGTH.fullmatch(lengths[0]) is None:
@@ -303,9 +312,11 @@ class _Protocol(H11Protocol):
         _loop: asyncio.AbstractEventLoop,
         *,
         census: _Census,
+        chunked: bool = False,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self._census = census
+        self._chunked = chunked
         self._limits = census.limits
         self._parser = _Parser(self._limits.max_head_bytes, self)
         self.conn = self._parser
@@ -436,7 +447,7 @@ class _Protocol(H11Protocol):
         kept-alive connection), refuse it (raise) if it is too large or ambiguous."""
         if self._head_timer is None:
             self._arm_head_timer(time.monotonic())
-        refusal = _head_refusal(pending, self._limits.max_head_bytes)
+        refusal = _head_refusal(pending, self._limits.max_head_bytes, chunked=self._chunked)
         if refusal is not None:
             raise refusal
 
@@ -720,7 +731,7 @@ class HttpService:
                 if lifespan.should_exit:
                     raise ConfigError(f"the app at {self.url(index)} did not start (see the log)")
                 factory = functools.partial(
-                    _Protocol, config, state, lifespan.state, loop, census=self._census
+                    _Protocol, config, state, lifespan.state, loop, census=self._census, chunked=site.chunked
                 )
                 servers.append(await loop.create_server(factory, sock=sock, backlog=_BACKLOG))
             if ready is not None:

@@ -1,5 +1,6 @@
 """A sandbox's cgroup: its limits as cgroup files (config lines before start, live writes after),
-its usage, and the freezer (snapshots freeze a sandbox while its files are copied)."""
+its usage, and the freezer (snapshots freeze a sandbox while its files are copied; pause freezes it
+until resume)."""
 
 from __future__ import annotations
 
@@ -164,12 +165,26 @@ class Cgroups:
         else:
             (self._dir(sandbox_id, "") / "cgroup.freeze").write_text("1" if frozen else "0")
 
+    def freezer_state(self, sandbox_id: str) -> str:
+        """``thawed``, ``freezing`` or ``frozen`` (what ``lxc-info`` does not say of a freeze it did
+        not make itself); ``thawed`` when the sandbox has no cgroup (it is not running)."""
+        try:
+            if self.v1:
+                text = (self._dir(sandbox_id, "freezer") / "freezer.state").read_text().strip().lower()
+                return text if text in ("freezing", "frozen") else "thawed"
+            if "frozen 1" in (self._dir(sandbox_id, "") / "cgroup.events").read_text().splitlines():
+                return "frozen"
+            asked = (self._dir(sandbox_id, "") / "cgroup.freeze").read_text().strip() == "1"
+        except OSError:
+            return "thawed"
+        return "freezing" if asked else "thawed"
+
     def is_frozen(self, sandbox_id: str) -> bool:
         if self.v1:
             return (self._dir(sandbox_id, "freezer") / "freezer.state").read_text().strip() == "FROZEN"
         return "frozen 1" in (self._dir(sandbox_id, "") / "cgroup.events").read_text().splitlines()
 
-    def freeze(self, sandbox_id: str, attempts: int = 5) -> None:
+    def freeze(self, sandbox_id: str, attempts: int = 5, *, step: str = "snapshot") -> None:
         """Freeze every process of a running sandbox (the cgroup freezer; what ``lxc-freeze`` does,
         without its 1 s polling and its endless wait). A freeze that does not settle - the v1
         freezer stalls in FREEZING when it catches a task in ``vfork`` whose child it froze - is
@@ -184,5 +199,5 @@ class Cgroups:
             self.set_frozen(sandbox_id, False)
             time.sleep(0.02 * (attempt + 1))
         raise BackendError(
-            f"the processes of {sandbox_id} did not freeze (tried {attempts} times)", step="snapshot"
+            f"the processes of {sandbox_id} did not freeze (tried {attempts} times)", step=step
         )

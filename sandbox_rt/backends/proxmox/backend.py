@@ -1,5 +1,3 @@
-
-
 from __future__ import annotations
 
 import builtins
@@ -13,6 +11,7 @@ from typing import Any
 
 from ...errors import (
     BackendError,
+    ConfigError,
     SandboxNotFound,
 )
 from ...filelock import file_lock
@@ -221,6 +220,24 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
         upid = self._retrying("stop", lambda: ct.status.stop.post())
         self._wait(str(upid), "stop")
 
+    def pause(self, sandbox_id: str) -> None:
+        """Not supported: PVE's ``status/suspend`` of a CT is an experimental CRIU checkpoint
+        (``lxc-checkpoint``: criu on the node, the CT stopped and dumped to disk, no FUSE mounts),
+        not a freeze, and ``status/current`` has no state that says a CT is suspended. Raises
+        ConfigError (after SandboxNotFound for an unknown sandbox) and changes nothing."""
+        self._unpausable(sandbox_id, "pause")
+
+    def resume(self, sandbox_id: str) -> None:
+        """Not supported (see :meth:`pause`); nothing on PVE is ever paused by this runtime."""
+        self._unpausable(sandbox_id, "resume")
+
+    def _unpausable(self, sandbox_id: str, what: str) -> None:
+        self._find(sandbox_id)  # SandboxNotFound first, as the lxc backend
+        raise ConfigError(
+            f"the proxmox backend cannot {what} sandboxes: PVE's CT suspend is an experimental CRIU "
+            "checkpoint that stops the CT (it needs criu on the node), not a freeze; use the lxc backend"
+        )
+
     def update(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
         node, vmid = self._find(record.id)
         new = updated_record(record, spec)
@@ -343,4 +360,3 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
                     ):
                         found[sid] = "owner process died"
         return [GcCandidate(sid, reason) for sid, reason in sorted(found.items())]
-

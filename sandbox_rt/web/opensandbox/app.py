@@ -10,7 +10,7 @@ from starlette.types import ASGIApp
 from ..app import install_error_handlers, thread_lifespan
 from ..gate import Gate
 from ..params import Context
-from . import execd, lifecycle
+from . import execd, lifecycle, state
 from .errors import render
 
 __all__ = ["API_KEY_HEADER", "ROUTERS", "build_opensandbox_app"]
@@ -23,6 +23,7 @@ def build_opensandbox_app(ctx: Context, *, token: str) -> ASGIApp:
     """The dialect over the runtime of ``ctx`` (shared with the native app of the same server)."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, lifespan=thread_lifespan(ctx.limits))
     app.state.ctx = ctx
+    state.bind(ctx.manager)  # where the notes default_env reads live, before any route runs
     for router in ROUTERS:
         app.include_router(router)
     install_error_handlers(app, render, ROUTERS)
@@ -35,4 +36,5 @@ def build_opensandbox_app(ctx: Context, *, token: str) -> ASGIApp:
         api_key_header=API_KEY_HEADER,
         render=render,
         echo_request_id=True,
+        chunked=True,  # the SDK uploads files chunked (unless use_server_proxy)
     )
