@@ -11,6 +11,9 @@ OpenSSH through a ControlMaster (the raw floor), measured in the same run.
   checks: what the server costs);
 - ``http_exec_sse``: the streamed exec (``"stream": true``) read to its ``exit`` event;
 - ``http_status``: ``GET /v1/sandboxes/{id}`` vs ``Sandbox.status()`` in-process;
+- ``opensandbox_command``: the OpenSandbox dialect's execd ``POST .../proxy/44772/command`` (its
+  own event stream, read to the end) on the dialect's port of the same server (issue 25: the
+  dialect's added latency per command, against the native API in the same run);
 - ``raw_openssh_controlmaster``: OpenSSH ``ssh true`` through a ControlMaster.
 Samples alternate between the doors, so drift on a shared machine hits all alike.
 """
@@ -25,6 +28,7 @@ from typing import Any
 
 from sandbox_rt import remote
 from sandbox_rt.http_api import ApiServer
+from sandbox_rt.web.opensandbox.state import execd_base_path
 
 from .context import Bench
 from .raw import OpenSSH
@@ -39,6 +43,7 @@ WHAT = {
     "http_exec_sse": "POST .../exec with stream=true, read to the exit event",
     "status": "Sandbox.status() in-process",
     "http_status": "GET /v1/sandboxes/{id} on a kept-alive connection",
+    "opensandbox_command": "OpenSandbox execd POST /command (the dialect's port), read to the end",
     "raw_openssh_controlmaster": "OpenSSH `ssh true` through a ControlMaster",
 }
 RAW = {k for k in WHAT if k.startswith("raw_")}
@@ -61,16 +66,21 @@ def run(b: Bench) -> dict[str, Any]:
     res: dict[str, list[float]] = {k: [] for k in WHAT}
     token = secrets.token_urlsafe(32)
     auth = {"Authorization": f"Bearer {token}"}
-    with b.sandbox() as sb, ApiServer(b.mgr, token=token, port=0) as server:
+    with b.sandbox() as sb, ApiServer(b.mgr, token=token, port=0, opensandbox_port=0) as server:
         ossh = OpenSSH(sb.ip, sb.record.host_key, b.settings.ssh_key, b.settings.ssh_user, b.tmp / "doors")
         exec_path = f"/v1/sandboxes/{sb.id}/exec"
         conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+        assert server.opensandbox_url is not None
+        dialect_port = int(server.opensandbox_url.rsplit(":", 1)[1])
+        dialect = http.client.HTTPConnection(server.host, dialect_port, timeout=60)
+        command_path = execd_base_path(sb.id) + "/command"
         with ossh.master(), remote.Client(server.url, token=token) as client:
             rsb = client.attach(sb.id)
             # warm every door once: sshd's post-auth set-up, the server's attach, imports, threads
             sb.exec("true")
             rsb.exec("true")
             _request(conn, "POST", exec_path, auth, {"command": "true"})
+            _request(dialect, "POST", command_path, auth, {"command": "true"})
             subprocess.run(ossh.ssh("true", mux=True), check=True, capture_output=True)
             for _ in range(count):
                 b.checkpoint()
@@ -87,10 +97,14 @@ def run(b: Bench) -> dict[str, Any]:
                 res["http_status"].append(
                     timed(lambda: _request(conn, "GET", f"/v1/sandboxes/{sb.id}", auth, None))
                 )
+                res["opensandbox_command"].append(
+                    timed(lambda: _request(dialect, "POST", command_path, auth, {"command": "true"}))
+                )
                 res["raw_openssh_controlmaster"].append(
                     timed(lambda: subprocess.run(ossh.ssh("true", mux=True), check=True, capture_output=True))
                 )
         conn.close()
+        dialect.close()
     measures = {k: summary(v, WHAT[k], raw=k in RAW) for k, v in res.items()}
     comparisons = [
         compare(measures, "exec_true", "raw_openssh_controlmaster"),
@@ -99,5 +113,6 @@ def run(b: Bench) -> dict[str, Any]:
         compare(measures, "http_exec_raw", "exec_true", against="variant"),
         compare(measures, "http_exec_sse", "exec_true", against="variant"),
         compare(measures, "http_status", "status", against="variant"),
+        compare(measures, "opensandbox_command", "http_exec_sse", against="variant"),
     ]
     return {"measures": measures, "comparisons": comparisons, "facts": {"samples": count}}

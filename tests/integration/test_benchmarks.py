@@ -63,6 +63,7 @@ EXPECTED = {
         "http_exec_sse",
         "status",
         "http_status",
+        "opensandbox_command",
         "raw_openssh_controlmaster",
     },
     "pve": {f"{b}_{op}" for b in ("pve", "lxc") for op in ("create_ssh_ready", "exec_true", "destroy")},
