@@ -2,8 +2,8 @@
 
     python -m benchmarks [--runs 20] [--quick] [--only lifecycle,transfer,...] [--json PATH]
 
-Groups (all by default): lifecycle, transfer, concurrency, pve, profile, neighbours, frontdoors (see
-each module's docstring and docs/benchmarks.md). Prints median, p90 and max of every measure and the
+Groups (all by default): lifecycle, transfer, concurrency, pve, profile, neighbours, frontdoors, density
+(see each module's docstring and docs/benchmarks.md). Prints median, p90 and max of every measure and the
 ratio to its baseline; writes everything to JSON (default benchmarks/results.json, not committed). Run as root
 on a host prepared by site.yml. Every sandbox made carries the labels bench=1 and bench-run=<id>
 and is destroyed before the suite exits, also on Ctrl-C or SIGTERM.
@@ -28,7 +28,7 @@ from typing import Any
 
 import paramiko
 
-from . import concurrency, frontdoors, lifecycle, neighbours, profile, pve, transfer
+from . import concurrency, density, frontdoors, lifecycle, neighbours, profile, pve, transfer
 from .context import Bench, Options
 from .report import format_table, write_json
 
@@ -40,6 +40,7 @@ GROUPS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "profile": profile.run,
     "neighbours": neighbours.run,
     "frontdoors": frontdoors.run,
+    "density": density.run,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results.json"
 
@@ -74,6 +75,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--concurrency", help="comma-separated N of the concurrency group (default 10,25,50)")
     ap.add_argument("--concurrency-rounds", type=int, help="rounds per N (default 3; --quick: 1)")
+    ap.add_argument(
+        "--density",
+        help="comma-separated N alive at once of the density group (default 100,250,500,1000; --quick: 10)",
+    )
     args = ap.parse_args(argv)
     names = [n.strip() for n in (args.only or ",".join(GROUPS)).split(",") if n.strip()]
     unknown = [n for n in names if n not in GROUPS]
@@ -94,6 +99,8 @@ def _options(args: argparse.Namespace) -> Options:
         changes["concurrency"] = tuple(int(n) for n in args.concurrency.split(","))
     if args.concurrency_rounds:
         changes["concurrency_rounds"] = args.concurrency_rounds
+    if args.density:
+        changes["density"] = tuple(int(n) for n in args.density.split(","))
     return dataclasses.replace(opts, **changes)
 
 

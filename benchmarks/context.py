@@ -27,11 +27,14 @@ class Options:
     transfer_mb: int = 100
     concurrency: tuple[int, ...] = (10, 25, 50)
     concurrency_rounds: int = 3
+    density: tuple[int, ...] = (100, 250, 500, 1000)  # sandboxes alive at once (the density group)
     memory_mb: int = 512  # the sandboxes' memory limit (a limit, not a reservation)
 
     @classmethod
     def quick_mode(cls, runs: int | None = None) -> Options:
-        return cls(runs=runs or 3, quick=True, transfer_mb=20, concurrency=(5,), concurrency_rounds=1)
+        return cls(
+            runs=runs or 3, quick=True, transfer_mb=20, concurrency=(5,), concurrency_rounds=1, density=(10,)
+        )
 
 
 class Bench:

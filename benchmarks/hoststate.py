@@ -81,13 +81,13 @@ def _classify(
         return "ours"
     if name.startswith((RAW_PREFIX, "pve")):
         return "foreign"  # another benchmark run, or a PVE test server's CT
+    pid = _owner_pid(settings, name)
+    if pid is not None and pid not in (0, me):
+        return "foreign"  # before the address: another process may reuse an address we freed
     ip = next((a for a, n in state.addresses.items() if n == name), None)
     if ip is not None and ip in our_ips:
         return "ours"
-    pid = _owner_pid(settings, name)
-    if pid is None or pid == 0:
-        return None
-    return "ours" if pid == me else "foreign"
+    return "ours" if pid == me else None
 
 
 def _diff(
@@ -102,12 +102,12 @@ def _diff(
         put("container", name, _classify(settings, after, name, ours, our_ips))
     for ip in sorted(set(after.addresses) - set(before.addresses)):
         holder = after.addresses[ip]
-        put("address", ip, "ours" if ip in our_ips else _classify(settings, after, holder, ours, our_ips))
+        put("address", ip, _classify(settings, after, holder, ours, our_ips))  # the holder's verdict
     for ip in sorted(after.internet - before.internet):
         member = after.addresses.get(ip)
         verdict = "ours" if ip in our_ips else None
-        if verdict is None and member is not None:
-            verdict = _classify(settings, after, member, ours, our_ips)
+        if member is not None:
+            verdict = _classify(settings, after, member, ours, our_ips) or verdict
         put("internet", ip, verdict)
     for sid in sorted(after.markers - before.markers):
         put("marker", sid, _classify(settings, after, sid, ours, our_ips))

@@ -68,6 +68,7 @@ _FILE_CODES = {
     "file_error": errno.EIO,
     "too_many_entries": errno.E2BIG,
     "file_name_too_long": errno.ENAMETOOLONG,
+    "file_timeout": errno.ETIMEDOUT,
 }
 
 

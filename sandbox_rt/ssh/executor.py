@@ -55,6 +55,7 @@ _SFTP_CHUNK = 1 << 20
 # 32 KiB) take the read from ~580 to ~700 MB/s: fewer packets for paramiko to handle in Python.
 _BULK_WINDOW = 16 << 20
 _BULK_PACKET = 256 << 10
+SFTP_REPLY_TIMEOUT_S = 60.0  # one SFTP reply at most this late (a FIFO would block an open for ever)
 
 
 def load_private_key(path: Path) -> paramiko.PKey:
@@ -89,7 +90,9 @@ def _explained(sftp: wire.BoundedSFTPClient, op: Op, path: str, dst: str | None 
     try:
         yield
     except OSError as exc:
-        why = None if isinstance(exc, FileOperationError) else explain(sftp, op, exc, path, dst)
+        # a timeout leaves a request pending on the session: asking it anything more would wait again
+        unexplained = isinstance(exc, FileOperationError | TimeoutError)
+        why = None if unexplained else explain(sftp, op, exc, path, dst)
         if why is None:
             raise
         raise why from exc
@@ -132,6 +135,7 @@ class SSHExecutor:
         self._key = key
         self._host_key = host_key
         self._connect_timeout = connect_timeout_s
+        self.sftp_reply_timeout_s = SFTP_REPLY_TIMEOUT_S
         self._client: paramiko.SSHClient | None = None
         self._sftp: wire.BoundedSFTPClient | None = None
         self._lock = threading.RLock()
@@ -459,7 +463,17 @@ class SSHExecutor:
                     if sftp is None:
                         raise paramiko.SSHException("the sandbox refused the SFTP subsystem")
                     self._sftp = sftp
+                # every reply within a bound: a write opened on a FIFO the sandbox planted would
+                # otherwise block (and hold this lock, and the caller's thread) for ever
+                channel = self._sftp.get_channel()
+                if channel is not None:
+                    channel.settimeout(self.sftp_reply_timeout_s)
                 yield self._sftp
+            except TimeoutError as exc:
+                self._reset_sftp()  # a request is still pending on that session: never reuse it
+                why = f"{what}: no answer from the sandbox within {self.sftp_reply_timeout_s:g} s"
+                why += " (a FIFO, or a stuck file system?)"
+                raise FileOperationError(errno.ETIMEDOUT, why, path) from exc
             except FileNotFoundError as exc:
                 raise FileOperationError(errno.ENOENT, f"{what}: no such file in the sandbox", path) from exc
             except PermissionError as exc:

@@ -86,6 +86,7 @@ _FILE_ERRNO: dict[int, tuple[int, str]] = {
     errno.ENOTEMPTY: (409, "file_conflict"),  # a directory removed without recursive
     errno.E2BIG: (413, "too_many_entries"),  # a listing past its bound
     errno.ENAMETOOLONG: (400, "file_name_too_long"),  # a name over 255 bytes: the request's fault
+    errno.ETIMEDOUT: (504, "file_timeout"),  # the sandbox did not answer (a FIFO planted at the path)
 }
 
 

@@ -371,7 +371,7 @@ def exec_command(
             "a device, FIFO or socket 409).",
             "content": {"application/octet-stream": {"schema": {}}},
         },
-        **errors("400", "401", "403", "404", "409", "413", "502"),
+        **errors("400", "401", "403", "404", "409", "413", "502", "504"),
     },
 )
 def read_file(ctx: Ctx, id: SandboxId, path: FilePath) -> Response:
@@ -383,7 +383,7 @@ def read_file(ctx: Ctx, id: SandboxId, path: FilePath) -> Response:
     operation_id="writeFile",
     summary="Write a file (raw body; parent directories are created)",
     response_model=s.FileWritten,
-    responses=errors("400", "401", "403", "404", "409", "411", "413", "502", "507"),
+    responses=errors("400", "401", "403", "404", "409", "411", "413", "502", "507", "504"),
     openapi_extra=RAW_REQUEST,
 )
 async def write_file(
@@ -411,7 +411,7 @@ async def write_file(
     summary="Remove a file, a symlink (not its target) or a directory; absent is fine",
     status_code=204,
     response_class=Response,
-    responses={204: {"description": "Gone."}, **errors("400", "401", "403", "404", "409", "502")},
+    responses={204: {"description": "Gone."}, **errors("400", "401", "403", "404", "409", "502", "504")},
 )
 def remove_file(
     ctx: Ctx,
@@ -428,7 +428,7 @@ def remove_file(
     operation_id="listFiles",
     summary="A directory's entries, depth levels deep, sorted by path (symlinks not followed)",
     response_model=s.EntryList,
-    responses=errors("400", "401", "403", "404", "409", "413", "502"),
+    responses=errors("400", "401", "403", "404", "409", "413", "502", "504"),
 )
 def list_files(
     ctx: Ctx,
@@ -450,7 +450,7 @@ def list_files(
     operation_id="statFile",
     summary="One entry",
     response_model=EntryInfo,
-    responses=errors("400", "401", "403", "404", "409", "502"),
+    responses=errors("400", "401", "403", "404", "409", "502", "504"),
 )
 def stat_file(
     ctx: Ctx,
@@ -466,7 +466,7 @@ def stat_file(
     operation_id="makeDirectory",
     summary="Make a directory (and its parents unless parents=false)",
     response_model=s.MkdirResult,
-    responses=errors("400", "401", "403", "404", "409", "502", "507"),
+    responses=errors("400", "401", "403", "404", "409", "502", "507", "504"),
     openapi_extra=json_request(s.MkdirRequest),
 )
 def make_directory(
@@ -481,7 +481,7 @@ def make_directory(
     operation_id="renameFile",
     summary="Move src to dst (a file at dst is replaced)",
     response_model=EntryInfo,
-    responses=errors("400", "401", "403", "404", "409", "502"),
+    responses=errors("400", "401", "403", "404", "409", "502", "504"),
     openapi_extra=json_request(s.RenameRequest),
 )
 def rename_file(

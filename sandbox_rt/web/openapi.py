@@ -64,8 +64,9 @@ ERROR_TEXT = {
     "503": f"sandbox_not_ready: the sandbox did not become reachable in time; or server_busy: the "
     f"server has its maximum of open connections ({_L.max_connections} by default), answered at once "
     "with Retry-After and the connection closed (open connections are not affected).",
-    "504": "The command ran past its timeout; its whole process group was killed. The error carries "
-    "the output so far (stdout, stderr in the request's encoding) and timeout_s.",
+    "504": "command_timeout: the command ran past its timeout; its whole process group was killed. The "
+    "error carries the output so far (stdout, stderr in the request's encoding) and timeout_s. Or "
+    "file_timeout: the sandbox did not answer a file operation in time (e.g. a FIFO at the path).",
     "507": "The sandbox's disk is full.",
 }
 

@@ -28,7 +28,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-GROUPS = ("lifecycle", "transfer", "concurrency", "pve", "profile", "neighbours", "frontdoors")
+GROUPS = ("lifecycle", "transfer", "concurrency", "pve", "profile", "neighbours", "frontdoors", "density")
 PHASES = ("conntrack", "dns", "connrate", "bandwidth", "odirect", "buffered", "forkstorm", "memory")
 FIGURES = ("exec_rtt", "dns_answer", "fsync", "throughput")
 EXPECTED = {
@@ -56,6 +56,7 @@ EXPECTED = {
         "raw_scp_download",
     },
     "concurrency": {"concurrent_create_n5", "raw_concurrent_create_n5"},
+    "density": {"density_create_n10", "density_exec_true_n10"},
     "frontdoors": {
         "exec_true",
         "http_exec_json",
@@ -174,6 +175,20 @@ def test_concurrent_sandboxes_all_work_and_leak_nothing(run: dict[str, Any]) -> 
     assert row["errors"] == []
     entry = group["measures"]["concurrent_create_n5"]
     assert _close(entry["sandboxes_per_s"], 5 / (entry["median_ms"] / 1e3))
+
+
+def test_density_reached_n_alive_all_answering_and_leaked_nothing(run: dict[str, Any]) -> None:
+    group = run["data"]["groups"]["density"]
+    assert run["data"]["meta"]["options"]["density"] == [10]
+    facts = group["facts"]
+    [row] = facts["by_n"]
+    assert row["n"] == 10 and facts["reached"] == 10 and facts["limit"] is None, facts
+    assert row["created"] == 10 and row["answered"] == 10 and row["all_answered"] is True, row["errors"]
+    assert row["leaked"] == 0, row["leak_detail"]
+    assert row["errors"] == [] and row["swept_late"] == []
+    assert row["runtime_fds"] > 0 and row["runtime_threads"] > 0 and row["runtime_rss_mb"] > 0
+    assert _close(row["create_per_s"], row["created"] / row["fill_s"])
+    assert _close(group["measures"]["density_create_n10"]["sandboxes_per_s"], row["create_per_s"])
 
 
 def test_api_overhead_is_pve_minus_lxc(run: dict[str, Any]) -> None:

@@ -956,6 +956,7 @@ def test_internet_toggle(api: Callable[..., requests.Response], mgr: FakeManager
         (FileOperationError(errno.EIO, "i/o error", "/x"), 500, "file_error"),
         (FileOperationError(errno.ENAMETOOLONG, "name too long", "/x"), 400, "file_name_too_long"),
         (FileOperationError(errno.ENOTEMPTY, "not empty", "/x"), 409, "file_conflict"),
+        (FileOperationError(errno.ETIMEDOUT, "no answer", "/x"), 504, "file_timeout"),
         (BackendError("lxc-attach failed", step="exec"), 502, "backend_error"),
         (PermissionDenied("token lacks VM.Audit", step="status"), 502, "backend_permission_denied"),
         (ConnectionLost("ssh dropped"), 502, "connection_lost"),

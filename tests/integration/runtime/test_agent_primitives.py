@@ -63,6 +63,20 @@ def test_files_list_stat_exists_mkdir_rename_remove(sb: sandbox_rt.Sandbox) -> N
     assert caught.value.errno == 2
 
 
+def test_a_fifo_planted_at_the_path_cannot_hold_a_write(sb: sandbox_rt.Sandbox) -> None:
+    """The sandbox's SFTP server blocks for ever in open() on a FIFO: the write gives up after the
+    reply timeout with ETIMEDOUT (HTTP 504 file_timeout), and the next file operation works on a
+    fresh SFTP session."""
+    sb.exec("mkfifo /tmp/trap", check=True)
+    sb._ssh.sftp_reply_timeout_s = 1.0  # the default (60 s) is the same code path, slower
+    t0 = time.monotonic()
+    with pytest.raises(FileOperationError) as stuck:
+        sb.write_file("/tmp/trap", b"x")
+    assert stuck.value.errno == errno.ETIMEDOUT and time.monotonic() - t0 < 10
+    sb.write_file("/tmp/after-trap", b"ok")
+    assert sb.read_file("/tmp/after-trap") == b"ok"
+
+
 def test_files_list_is_bounded(sb: sandbox_rt.Sandbox) -> None:
     sb.exec("mkdir -p /tmp/many && cd /tmp/many && touch $(seq 1 300)", check=True)
     assert len(sb.files.list("/tmp/many")) == 300
