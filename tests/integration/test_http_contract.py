@@ -32,6 +32,7 @@ from schemathesis.schemas import BaseSchema
 import sandbox_rt
 from sandbox_rt.http_api import ApiServer
 from tests.http_contract import Steering, call_and_check, examples_per_operation, load_published_schema
+from tests.integration.prepared import check_prepared
 
 pytestmark = pytest.mark.slow
 
@@ -77,11 +78,7 @@ def _cleanup(manager: sandbox_rt.Manager, ids: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def run() -> Iterator[Run]:
-    s = sandbox_rt.Settings.load()
-    if not (s.lxc_path / s.template / "config").is_file() or not s.ssh_key.is_file():
-        pytest.fail(
-            "this host is not prepared: run `ansible-playbook -i inventories/local site.yml`", pytrace=False
-        )
+    check_prepared()
     manager = sandbox_rt.Manager.from_env()
     created: list[str] = []
     try:

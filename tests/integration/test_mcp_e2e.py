@@ -27,6 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 
 import sandbox_rt
+from tests.integration.prepared import labelled_manager
 
 pytestmark = pytest.mark.slow
 
@@ -37,16 +38,8 @@ TOKEN = secrets.token_urlsafe(32)
 
 @pytest.fixture(scope="module")
 def manager() -> Iterator[sandbox_rt.Manager]:
-    s = sandbox_rt.Settings.load()
-    if not (s.lxc_path / s.template / "config").is_file() or not s.ssh_key.is_file():
-        pytest.fail(
-            "this host is not prepared: run `ansible-playbook -i inventories/local site.yml`", pytrace=False
-        )
-    mgr = sandbox_rt.Manager.from_env()
-    yield mgr
-    for record in mgr.list(labels=LABEL):  # whatever a failed test left behind
-        with contextlib.suppress(sandbox_rt.SandboxError):
-            mgr.destroy(record.id)
+    with labelled_manager(LABEL) as mgr:
+        yield mgr
 
 
 def text(r: CallToolResult) -> str:

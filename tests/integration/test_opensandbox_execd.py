@@ -35,6 +35,7 @@ from opensandbox.sync.sandbox import SandboxSync
 import sandbox_rt
 from sandbox_rt.http_api import ApiServer
 from sandbox_rt.web.opensandbox import state
+from tests.integration.prepared import labelled_manager
 
 pytestmark = pytest.mark.slow
 
@@ -44,16 +45,8 @@ LABEL = {"test-opensandbox-execd": uuid.uuid4().hex[:12]}
 
 @pytest.fixture(scope="module")
 def manager() -> Iterator[sandbox_rt.Manager]:
-    s = sandbox_rt.Settings.load()
-    if not (s.lxc_path / s.template / "config").is_file() or not s.ssh_key.is_file():
-        pytest.fail(
-            "this host is not prepared: run `ansible-playbook -i inventories/local site.yml`", pytrace=False
-        )
-    mgr = sandbox_rt.Manager.from_env()
-    yield mgr
-    for record in mgr.list(labels=LABEL):  # whatever a failed test left behind
-        with contextlib.suppress(sandbox_rt.SandboxError):
-            mgr.destroy(record.id)
+    with labelled_manager(LABEL) as mgr:
+        yield mgr
 
 
 @pytest.fixture(scope="module")

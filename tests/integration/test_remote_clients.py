@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import re
 import secrets
@@ -23,6 +22,7 @@ import pytest
 
 import sandbox_rt
 from sandbox_rt import remote
+from tests.integration.prepared import labelled_manager
 
 pytestmark = pytest.mark.slow
 
@@ -116,16 +116,8 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def manager() -> Iterator[sandbox_rt.Manager]:
-    s = sandbox_rt.Settings.load()
-    if not (s.lxc_path / s.template / "config").is_file() or not s.ssh_key.is_file():
-        pytest.fail(
-            "this host is not prepared: run `ansible-playbook -i inventories/local site.yml`", pytrace=False
-        )
-    mgr = sandbox_rt.Manager.from_env()
-    yield mgr
-    for record in mgr.list(labels=LABEL):  # whatever a failed test left behind
-        with contextlib.suppress(sandbox_rt.SandboxError):
-            mgr.destroy(record.id)
+    with labelled_manager(LABEL) as mgr:
+        yield mgr
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,35 @@
+"""The runtime of a host prepared by site.yml, for the integration tests of the front doors: a test
+module's Manager, with every sandbox still carrying its labels destroyed afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+
+import pytest
+
+import sandbox_rt
+
+
+def check_prepared() -> None:
+    """Fail (saying how to fix it) unless site.yml prepared this host: the template and the key."""
+    s = sandbox_rt.Settings.load()
+    if not (s.lxc_path / s.template / "config").is_file() or not s.ssh_key.is_file():
+        pytest.fail(
+            "this host is not prepared: run `ansible-playbook -i inventories/local site.yml`", pytrace=False
+        )
+
+
+@contextlib.contextmanager
+def labelled_manager(labels: Mapping[str, str]) -> Iterator[sandbox_rt.Manager]:
+    """``Manager.from_env()``; afterwards every sandbox with ``labels`` (what a failed test left
+    behind) is destroyed, and none may remain."""
+    check_prepared()
+    mgr = sandbox_rt.Manager.from_env()
+    try:
+        yield mgr
+    finally:
+        for record in mgr.list(labels=labels):
+            with contextlib.suppress(sandbox_rt.SandboxError):
+                mgr.destroy(record.id)
+    assert not mgr.list(labels=labels), "sandboxes of this test module survived their cleanup"
