@@ -24,12 +24,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..limits import HttpLimits
 from .errors import HttpError
+from .transport import HEAD_STARTED  # when the request's first byte came (the transport sets it)
 
 __all__ = ["HEAD_STARTED", "Gate"]
 
 log = logging.getLogger("sandbox_rt.web")
 
-HEAD_STARTED = "sandbox_rt.head_started"  # scope["extensions"] key: when the request's first byte came
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _UNAUTHORIZED = "missing or wrong bearer token (Authorization: Bearer <token>)"
 

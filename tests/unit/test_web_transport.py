@@ -601,7 +601,7 @@ def test_arguments_are_checked(app: App, sites: list[tuple[str, Any]], limits: A
 def test_ipv6_loopback(app: App) -> None:
     try:
         socket.create_server(("::1", 0), family=socket.AF_INET6).close()
-    except OSError:
+    except OSError:  # a host without IPv6 (a kernel booted with ipv6.disable=1) cannot bind ::1 at all
         pytest.skip("this machine has no ::1")
     with serving(Site(app, "::1", 0)) as svc:
         port = svc.addresses[0][1]
@@ -620,6 +620,8 @@ def test_an_app_that_fails_to_start_fails_start(caplog: pytest.LogCaptureFixture
 
 def test_serve_forever_stops_on_sigterm_and_restores_the_handlers(app: App) -> None:
     if threading.current_thread() is not threading.main_thread():
+        # a runner that runs tests in worker threads: Python delivers signals to the main thread only,
+        # so what this test proves cannot happen there (pytest's own runner is the main thread: CI runs it)
         pytest.skip("signals reach the main thread only")
     caught: list[int] = []
 

@@ -8,16 +8,16 @@ already holds: no agent runs in the sandbox, nothing is read or written on the h
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, cast
 
 from fastapi import APIRouter, Depends
 
 from ...errors import FileOperationError
-from ...models import ExecResult, OutputChunk, SandboxStatus
+from ...models import ExecResult, SandboxStatus
 from ..bodies import strict_query
 from ..params import Context
-from ..runtime import CommandsLike, FilesLike
+from ..runtime import CommandsLike, ExecStreamLike, FilesLike
 from . import state
 
 if TYPE_CHECKING:
@@ -27,7 +27,6 @@ __all__ = [
     "EGRESS_PREFIX",
     "EXECD_PREFIX",
     "ExecdSandbox",
-    "StreamLike",
     "execd_router",
     "file_error",
     "run_argv",
@@ -52,13 +51,6 @@ EGRESS_PREFIX = _template(state.egress_base_path(_SAMPLE_ID))
 def execd_router(prefix: str = EXECD_PREFIX) -> APIRouter:
     """A router of execd routes under ``prefix``, each checking its query string strictly."""
     return APIRouter(prefix=prefix, dependencies=[Depends(strict_query)])
-
-
-class StreamLike(Protocol):
-    @property
-    def result(self) -> ExecResult | None: ...
-
-    def __iter__(self) -> Iterator[OutputChunk]: ...
 
 
 class ExecdSandbox(Protocol):
@@ -88,7 +80,7 @@ class ExecdSandbox(Protocol):
         env: Mapping[str, str] | None = None,
         max_output: int = ...,
         user: str | None = None,
-    ) -> StreamLike: ...
+    ) -> ExecStreamLike: ...
 
     def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None: ...
 

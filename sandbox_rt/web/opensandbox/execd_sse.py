@@ -24,8 +24,8 @@ from typing import Any
 
 from ...errors import CommandTimeout, SandboxError
 from ...models import ExecResult, OutputChunk
+from ..runtime import ExecStreamLike
 from .execd_registry import Registry
-from .execd_runtime import StreamLike
 
 __all__ = ["SSE_MEDIA_TYPE", "After", "command_events", "complete_event", "frame", "init_event", "now_ms"]
 
@@ -70,7 +70,7 @@ def _finish(registry: Registry, command_id: str, exc: BaseException) -> None:
 
 
 def _drain(
-    it: Iterator[OutputChunk], stream: StreamLike, command_id: str, registry: Registry, settle: After
+    it: Iterator[OutputChunk], stream: ExecStreamLike, command_id: str, registry: Registry, settle: After
 ) -> None:
     """What is left of a stream whose client went away: read to its end, keep its status."""
     result: ExecResult | None = None
@@ -89,7 +89,7 @@ def _drain(
 
 
 def command_events(
-    stream: StreamLike, command_id: str, registry: Registry, *, after: After | None = None
+    stream: ExecStreamLike, command_id: str, registry: Registry, *, after: After | None = None
 ) -> Iterator[bytes]:
     """The events of a running command (blocking: iterated on a worker thread)."""
     started = time.monotonic()
