@@ -2,7 +2,8 @@
 
     python -m benchmarks [--runs 20] [--quick] [--only lifecycle,transfer,...] [--json PATH]
 
-Groups (all by default): lifecycle, transfer, concurrency, pve, profile, neighbours, frontdoors, density
+Groups (all by default): lifecycle, transfer, concurrency, pve, profile, neighbours, frontdoors, density,
+templates, throughput
 (see each module's docstring and docs/benchmarks.md). Prints median, p90 and max of every measure and the
 ratio to its baseline; writes everything to JSON (default benchmarks/results.json, not committed). Run as root
 on a host prepared by site.yml. Every sandbox made carries the labels bench=1 and bench-run=<id>
@@ -28,7 +29,18 @@ from typing import Any
 
 import paramiko
 
-from . import concurrency, density, frontdoors, lifecycle, neighbours, profile, pve, transfer
+from . import (
+    concurrency,
+    density,
+    frontdoors,
+    lifecycle,
+    neighbours,
+    profile,
+    pve,
+    templates,
+    throughput,
+    transfer,
+)
 from .context import Bench, Options
 from .report import format_table, write_json
 
@@ -41,6 +53,8 @@ GROUPS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "neighbours": neighbours.run,
     "frontdoors": frontdoors.run,
     "density": density.run,
+    "templates": templates.run,
+    "throughput": throughput.run,
 }
 DEFAULT_JSON = Path(__file__).resolve().parent / "results.json"
 
@@ -79,6 +93,15 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--density",
         help="comma-separated N alive at once of the density group (default 100,250,500,1000; --quick: 10)",
     )
+    ap.add_argument(
+        "--throughput",
+        help="comma-separated caller threads of the throughput group (default 8,32; --quick: 4)",
+    )
+    ap.add_argument(
+        "--throughput-seconds",
+        type=float,
+        help="measured seconds per throughput phase (default 20; --quick: 4)",
+    )
     args = ap.parse_args(argv)
     names = [n.strip() for n in (args.only or ",".join(GROUPS)).split(",") if n.strip()]
     unknown = [n for n in names if n not in GROUPS]
@@ -101,6 +124,10 @@ def _options(args: argparse.Namespace) -> Options:
         changes["concurrency_rounds"] = args.concurrency_rounds
     if args.density:
         changes["density"] = tuple(int(n) for n in args.density.split(","))
+    if args.throughput:
+        changes["throughput"] = tuple(int(n) for n in args.throughput.split(","))
+    if args.throughput_seconds:
+        changes["throughput_s"] = args.throughput_seconds
     return dataclasses.replace(opts, **changes)
 
 

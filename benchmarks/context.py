@@ -28,12 +28,21 @@ class Options:
     concurrency: tuple[int, ...] = (10, 25, 50)
     concurrency_rounds: int = 3
     density: tuple[int, ...] = (100, 250, 500, 1000)  # sandboxes alive at once (the density group)
+    throughput: tuple[int, ...] = (8, 32)  # caller threads looping create/exec/destroy (throughput)
+    throughput_s: float = 20.0  # the throughput group's measured window per phase (after a warm-up)
     memory_mb: int = 512  # the sandboxes' memory limit (a limit, not a reservation)
 
     @classmethod
     def quick_mode(cls, runs: int | None = None) -> Options:
         return cls(
-            runs=runs or 3, quick=True, transfer_mb=20, concurrency=(5,), concurrency_rounds=1, density=(10,)
+            runs=runs or 3,
+            quick=True,
+            transfer_mb=20,
+            concurrency=(5,),
+            concurrency_rounds=1,
+            density=(10,),
+            throughput=(4,),
+            throughput_s=4.0,
         )
 
 

@@ -16,12 +16,19 @@ def _note(m: dict[str, Any]) -> str:
         return f"{m['mb_per_s']:.0f} MB/s"
     if "sandboxes_per_s" in m:
         return f"{m['sandboxes_per_s']:.1f}/s"
+    if "rate_per_s" in m:
+        return f"{m['rate_per_s']:.2f}/s"
     return ""
 
 
 def _ms(value: float) -> str:
     """Milliseconds, with three decimals below 1 ms (a DNS answer takes ~0.1 ms)."""
     return f"{value:9.3f}" if value < 1 else f"{value:9.1f}"
+
+
+def _against(c: dict[str, Any]) -> str:
+    """The baseline's name, with the figure compared when it is not the median (p99, rate)."""
+    return f"{c['baseline']} ({c['kind']})" if c["kind"] in ("p99", "rate") else c["baseline"]
 
 
 def _ratio(c: dict[str, Any]) -> str:
@@ -65,6 +72,32 @@ def _facts(name: str, group: dict[str, Any]) -> list[str]:
                 f"  {phase:10} DNS lost {row['dns_lost']}/{row['dns_asked']}, conntrack peak "
                 f"{row['conntrack_peak']}{held}{'; flood ' + str(flood) if flood else ''}"
             )
+    elif name == "throughput":
+        lines.append("  cycles/s and create p99 vs the raw engine: ratios above (rate: above 1 = faster)")
+        for row in facts.get("by_t", []):
+            for side in ("ours", "raw"):
+                f = row[side]
+                busy = f["host_cpu_busy"]
+                lines.append(
+                    f"  T={row['threads']} {side:4}: {f['cycles_per_s']:.2f} cycles/s "
+                    f"({f['cycles_in_window']} in {f['window_s']:.0f} s), failures {f['failures']}, "
+                    f"leaked {f['leaked']}; host CPU busy {'?' if busy is None else f'{busy:.0%}'} "
+                    f"(kernel {f['host_cpu_kernel'] or 0:.0%}); CPU per cycle: host "
+                    f"{f['host_cpu_ms_per_cycle']:.0f} ms, this process {f['own_cpu_ms_per_cycle']:.0f} ms, "
+                    f"its children {f['children_cpu_ms_per_cycle']:.0f} ms; "
+                    f"{f['host_forks_per_cycle']:.0f} processes/threads started per cycle"
+                )
+                if f["failure_detail"] or f["leak_detail"]:
+                    lines.append(f"    failures: {f['failure_detail']}; leaked: {f['leak_detail']}")
+                if f.get("step_ms_per_cycle"):
+                    steps = ", ".join(f"{k} {v:.0f}" for k, v in f["step_ms_per_cycle"].items())
+                    lines.append(f"    ms per cycle (summed over threads): {steps}")
+                for lock, use in f.get("locks", {}).items():
+                    lines.append(
+                        f"    {lock}: {use['uses_per_cycle']:.1f} uses per cycle, waited "
+                        f"{use['wait_ms_per_cycle']:.0f} ms per cycle, held {use['held_ms_per_use']:.1f} ms "
+                        f"per use ({use['held_fraction']:.0%} of the phase)"
+                    )
     elif name == "pve":
         over = facts.get("api_overhead_ms", {})
         lines.append(f"  server: {facts.get('server')}")
@@ -95,10 +128,10 @@ def format_table(results: dict[str, Any], out: TextIO) -> None:
             first = comps[0] if comps else None
             out.write(
                 f"{key[:44]:44} {_ms(m['median_ms'])} {_ms(m['p90_ms'])} {_ms(m['max_ms'])}  {_note(m):10} "
-                f"{(first['baseline'] if first else '')[:31]:31} {(_ratio(first) if first else ''):>7}\n"
+                f"{(_against(first) if first else '')[:31]:31} {(_ratio(first) if first else ''):>7}\n"
             )
             for c in comps[1:]:
-                out.write(f"{'':44} {'':9} {'':9} {'':9}  {'':10} {c['baseline'][:31]:31} {_ratio(c):>7}\n")
+                out.write(f"{'':44} {'':9} {'':9} {'':9}  {'':10} {_against(c)[:31]:31} {_ratio(c):>7}\n")
         for line in _facts(name, group):
             out.write(line + "\n")
 

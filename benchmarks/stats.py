@@ -47,6 +47,9 @@ def compare(
 
     ``time``: ratio = ours / baseline of the median durations (above 1 = slower than the baseline),
     ``diff_ms`` = ours - baseline. ``throughput``: ratio = ours / baseline of MB/s (above 1 = faster).
+    ``p99``: ratio = ours / baseline of the 99th percentiles (``p99_ms``; above 1 = slower). ``rate``:
+    ratio = ours / baseline of ``rate_per_s`` (operations per second; above 1 = faster). ``diff_ms``
+    is always the difference of the medians.
     ``against``: ``raw`` (the raw engine or tool), ``variant`` (the runtime with an option turned
     off, to show what the option costs) or ``idle`` (the same measure while the neighbours idle, to
     show what their load costs).
@@ -58,6 +61,10 @@ def compare(
         ratio = ours["mb_per_s"] / base["mb_per_s"]
     elif kind == "time":
         ratio = ours["median_ms"] / base["median_ms"]
+    elif kind == "p99":
+        ratio = ours["p99_ms"] / base["p99_ms"]
+    elif kind == "rate":
+        ratio = ours["rate_per_s"] / base["rate_per_s"]
     else:
         raise ValueError(f"unknown comparison kind {kind!r}")
     return {

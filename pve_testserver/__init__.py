@@ -3,7 +3,9 @@
 Real PVE cannot run on our machines; this package answers the PVE API the way PVE answers it:
 every request is validated against the official API schema, authenticated with API tokens,
 checked against ACLs, and served by an engine that either keeps records (``memory``) or makes
-real LXC containers from the host template (``lxc``).
+real LXC containers from the host template (``lxc``). A cluster (``PVETestServer(engines=...)``)
+gives each node an engine of its own; ``Faults.set_node_offline`` takes one away (595), and
+``server.core.node_memory`` sets what a node reports as used and total memory.
 """
 
 from __future__ import annotations

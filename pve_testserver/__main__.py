@@ -72,10 +72,22 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     else:
         engine = MemoryEngine()
+    # a cluster: every other node runs its CTs in an engine of its own (the LXC engine's containers
+    # named pve-<node>-<vmid>); the node engine emulates one node, the others share it
+    engines: dict[str, Engine] = {}
+    if len(nodes) > 1 and args.engine != "node":
+        engines = {nodes[0]: engine}
+        for name in nodes[1:]:
+            engines[name] = (
+                LxcEngine(args.lxc_path, args.lxc_template, prefix=f"pve-{name}-")
+                if args.engine == "lxc"
+                else MemoryEngine()
+            )
     server = PVETestServer(
         host=args.host,
         port=args.port,
         engine=engine,
+        engines=engines or None,
         state_file=args.state,
         nodes=nodes,
         schema=Schema.load(args.schema),

@@ -20,7 +20,8 @@ _GIB = 1024**3
 def ct_stats(call: Call, vmid: int, ct: dict[str, Any]) -> dict[str, Any]:
     """The numbers PVE reports for a guest (list, status/current, resources)."""
     conf = ct["config"]
-    running = call.engine.is_running(vmid)
+    engine = call.core.engine_for(str(ct.get("node", "")))
+    running = engine.is_running(vmid)
     _sid, _vol, size = rootfs_info(conf)
     started = ct.get("started") or time.time()
     entry: dict[str, Any] = {
@@ -33,7 +34,7 @@ def ct_stats(call: Call, vmid: int, ct: dict[str, Any]) -> dict[str, Any]:
         "maxswap": int(conf.get("swap", 512)) * 1024 * 1024,
         "maxdisk": size,
         "cpu": 0,
-        "mem": call.engine.memory_used(vmid) if running else 0,
+        "mem": engine.memory_used(vmid) if running else 0,
         "disk": 0,
         "netin": 0,
         "netout": 0,
@@ -98,6 +99,8 @@ def resources(call: Call) -> list[dict[str, Any]]:
                 if not acl.check(who, f"/vms/{vmid}", ["VM.Audit"], noerr=True):
                     continue
                 entry = {"id": f"lxc/{vmid}", "node": ct["node"], **ct_stats(call, vmid, ct)}
+                if call.faults.is_offline(str(ct["node"])):  # PVE: no status from a node it cannot reach
+                    entry.update(status="unknown", mem=0, uptime=0)
                 entry["maxcpu"] = entry.pop("cpus")
                 entry.pop("maxswap")
                 entry["template"] = int(bool(ct["config"].get("template")))
@@ -132,6 +135,16 @@ def resources(call: Call) -> list[dict[str, Any]]:
     return out
 
 
+def node_memory(call: Call, node: str) -> tuple[int, int]:
+    """(used, total) bytes of ``node``'s memory: its base use (``Core.node_memory``, default 2 of
+    16 GiB) plus what its running CTs use now, so placing a CT there lowers its free memory."""
+    base, total = call.core.node_memory.get(node, (2 * _GIB, 16 * _GIB))
+    engine = call.core.engine_for(node)
+    with call.state.lock:
+        vmids = [int(k) for k, ct in call.state.cts.items() if ct.get("node") == node]
+    return base + sum(engine.memory_used(vmid) for vmid in vmids), total
+
+
 def _node_entry(call: Call, node: str, audit: bool) -> dict[str, Any]:
     online = not call.faults.is_offline(node)
     entry: dict[str, Any] = {
@@ -145,8 +158,8 @@ def _node_entry(call: Call, node: str, audit: bool) -> dict[str, Any]:
             {
                 "cpu": 0.01,
                 "maxcpu": os.cpu_count() or 1,
-                "mem": 2 * _GIB,
-                "maxmem": 16 * _GIB,
+                "mem": node_memory(call, node)[0],
+                "maxmem": node_memory(call, node)[1],
                 "disk": 10 * _GIB,
                 "maxdisk": 100 * _GIB,
                 "uptime": int(time.time() - call.core.started),
@@ -200,6 +213,7 @@ def nodes(call: Call) -> list[dict[str, Any]]:
 @route("GET", "/nodes/{node}/status")
 def node_status(call: Call) -> dict[str, Any]:
     cpus = os.cpu_count() or 1
+    used, total = node_memory(call, call.node)
     return {
         "uptime": int(time.time() - call.core.started),
         "cpu": 0.01,
@@ -215,7 +229,7 @@ def node_status(call: Call) -> dict[str, Any]:
             "mhz": "2000",
             "hvm": "1",
         },
-        "memory": {"total": 16 * _GIB, "used": 2 * _GIB, "free": 14 * _GIB, "available": 14 * _GIB},
+        "memory": {"total": total, "used": used, "free": total - used, "available": total - used},
         "swap": {"total": 0, "used": 0, "free": 0},
         "rootfs": {"total": 100 * _GIB, "used": 10 * _GIB, "free": 90 * _GIB, "avail": 90 * _GIB},
         "boot-info": {"mode": "legacy-bios"},

@@ -571,8 +571,8 @@ def clone_vm(call: Call) -> str:
         try:
             if snapname:
                 call.engine.clone_snapshot(vmid, snapname, newid, engine_conf)
-            else:
-                call.engine.clone(vmid, newid, engine_conf)
+            else:  # a clone to another node (shared storage) is that node's container
+                call.core.engine_for(target or call.node).clone(vmid, newid, engine_conf)
             ctx.fault_point()
             with call.mutate() as st2:
                 ct = st2.ct(newid)

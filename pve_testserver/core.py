@@ -74,7 +74,8 @@ class Call:
 
     @property
     def engine(self) -> Engine:
-        return self.core.engine
+        """The engine of the addressed node (each node of a cluster has its own)."""
+        return self.core.engine_for(self.node)
 
     @property
     def tasks(self) -> TaskManager:
@@ -146,7 +147,10 @@ class Core:
         faults: Faults | None = None,
         release: str = "9.0",
         version: str = "9.0.11",
+        engines: dict[str, Engine] | None = None,
     ) -> None:
+        """``engine`` runs the CTs of the first (local) node; ``engines`` those of other nodes of
+        the cluster (a node without one shares ``engine``)."""
         from . import (  # noqa: F401  (register the handlers)
             api_access,
             api_cluster,
@@ -159,6 +163,10 @@ class Core:
         self.schema = schema
         self.state = state
         self.engine = engine
+        self.engines: dict[str, Engine] = dict(engines or {})
+        # each node's memory as /cluster/resources and /nodes/{node}/status report it: (used
+        # without the running CTs, total) in bytes; the running CTs' memory is added (api_cluster)
+        self.node_memory: dict[str, tuple[int, int]] = {}
         self.faults = faults or Faults()
         self.acl = AccessControl(state)
         self.tasks = TaskManager(self.faults)
@@ -169,7 +177,9 @@ class Core:
         self.uploads: dict[str, Path] = {}  # tmpfilename (as PVE names it) -> the uploaded bytes
         with state.lock:
             for key, ct in state.cts.items():
-                engine.restore(int(key), ct["config"], ct.get("status") == "running")
+                self.engine_for(str(ct.get("node", ""))).restore(
+                    int(key), ct["config"], ct.get("status") == "running"
+                )
             self.after_change()
 
     def after_change(self) -> None:
@@ -188,6 +198,10 @@ class Core:
         with self.state.lock:
             if self.engine.sync_config_files(self.state.cts, self.local_node):
                 self.state.save()
+
+    def engine_for(self, node: str) -> Engine:
+        """The engine that runs the CTs of ``node``."""
+        return self.engines.get(node, self.engine)
 
     @property
     def local_node(self) -> str:

@@ -54,10 +54,12 @@ def grant_runtime_access(
     audit_privileges: list[str] | None = None,
     suffix: str = "",
     template_vmids: Sequence[int] = (TEMPLATE_VMID,),
+    node_audit: bool = False,
 ) -> None:
     """The runtime's roles and ACLs as the proxmox_access role makes them: ``role`` on the pool, the
     storage and the bridge; a read/clone-only role on each template (outside the pool); Sys.Audit on
-    "/" itself (not propagated). For user and token (a privsep token gets the intersection)."""
+    "/" itself (not propagated), and with ``node_audit`` (``proxmox_access_node_audit``) on
+    ``/nodes``, propagated. For user and token (a privsep token gets the intersection)."""
     roles = [(role, privileges), (TEMPLATE_ROLE + suffix, template_privileges or TEMPLATE_PRIVILEGES)]
     roles.append((AUDIT_ROLE + suffix, audit_privileges or AUDIT_PRIVILEGES))
     existing = {r["roleid"] for r in root.access.roles.get()}
@@ -68,6 +70,8 @@ def grant_runtime_access(
     grants = [(path, role, 1) for path in pool_paths]
     grants += [(f"/vms/{vmid}", TEMPLATE_ROLE + suffix, 0) for vmid in template_vmids]
     grants.append(("/", AUDIT_ROLE + suffix, 0))
+    if node_audit:
+        grants.append(("/nodes", AUDIT_ROLE + suffix, 1))
     for path, roleid, propagate in grants:
         root.access.acl.put(path=path, roles=roleid, users=user, propagate=propagate)
         root.access.acl.put(path=path, roles=roleid, tokens=tokenid, propagate=propagate)
@@ -164,3 +168,64 @@ def world(srv: PVETestServer) -> dict[str, set[str]]:
 def create_markers(settings: Settings) -> list[str]:
     """The proxmox backend's create markers (none may outlive its create, unless abandoned)."""
     return sorted(p.stem for p in (settings.state_dir / "proxmox" / "creating").glob("*.json"))
+
+
+@contextmanager
+def pve_cluster_test_server(
+    base: Settings, state_dir: Path, nodes: Sequence[str] = ("pve1", "pve2", "pve3")
+) -> Iterator[tuple[Settings, PVETestServer]]:
+    """A cluster of ``nodes`` on the test server, each node's CTs real LXC containers of an engine
+    of its own (its own container prefix), set up as site.yml leaves a cluster: one copy of the
+    default template per node (VMIDs 9000, 9100, ...: the host contract's ``pve_template_vmid``
+    and ``pve_node_templates``), the runtime's least-privilege token and ACLs (the proxmox_access
+    role's lists). Every container the engines made is removed afterwards."""
+    session = secrets.randbelow(50)
+    engines = {
+        name: LxcEngine(base.lxc_path, base.template, prefix=f"pvc{session:02d}{i}-")
+        for i, name in enumerate(nodes)
+    }
+    copies = {name: TEMPLATE_VMID + 100 * i for i, name in enumerate(nodes)}
+    srv = PVETestServer(engines=engines, first_vmid=60_000 + 1000 * session).start()
+    try:
+        root = srv.client()
+        root.pools.post(poolid=POOL)
+        root.access.users.post(userid=USER)
+        token = root.access.users(USER).token(TOKEN).post(privsep=1)
+        grant_runtime_access(
+            root, USER, f"{USER}!{TOKEN}", base.bridge, PRIVILEGES, template_vmids=tuple(copies.values())
+        )
+        root.cluster.firewall.options.put(enable=1)
+        for name, vmid in copies.items():
+            _wait(
+                root,
+                root.nodes(name).lxc.post(
+                    vmid=vmid,
+                    ostemplate="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
+                    storage="local-lvm",
+                    unprivileged=1,
+                    swap=0,
+                    net0=f"name=eth0,bridge={base.bridge},ip=dhcp",
+                ),
+            )
+            root.nodes(name).lxc(vmid).template.post()
+        settings = dataclasses.replace(
+            base,
+            backend="proxmox",
+            pve_url=f"https://{srv.host}:{srv.port}",
+            pve_token_id=f"{USER}!{TOKEN}",
+            pve_token_secret=str(token["value"]),
+            pve_verify=str(srv.ca_file),
+            pve_template_vmid=copies[nodes[0]],
+            pve_templates={},
+            pve_node_templates={name: {"default": vmid} for name, vmid in copies.items() if name != nodes[0]},
+            pve_pool=POOL,
+            state_dir=state_dir,
+        )
+        yield settings, srv
+    finally:
+        srv.stop()
+        with srv.state.lock:
+            where = {int(vmid): str(ct["node"]) for vmid, ct in srv.state.cts.items()}
+        for vmid, name in sorted(where.items()):
+            with suppress(Exception):
+                engines[name].destroy(vmid)

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
@@ -149,17 +149,27 @@ class PVETestServer:
         bootstrap_token_file: Path | None = None,
         verbose: bool = False,
         first_vmid: int = 100,
+        engines: Mapping[str, Engine] | None = None,
     ) -> None:
         """``first_vmid``: where ``/cluster/nextid`` starts counting (PVE: 100); test sessions that
         share one machine's LXC path and bridge pick distinct ranges (VMIDs name containers, veths
-        and, for the runtime, addresses)."""
+        and, for the runtime, addresses).
+
+        A cluster: ``engines`` maps each node to the engine that runs its CTs (e.g. one
+        ``MemoryEngine`` each, or one ``LxcEngine`` each with its own container prefix); the nodes
+        are then its keys, the first the local one (``nodes`` and ``engine`` need not be given)."""
+        if engines:
+            nodes = list(engines)
+            engine = engine or engines[nodes[0]]
         self.host = host
         self._port = port
         self.verbose = verbose
         self.engine: Engine = engine or MemoryEngine()
         self.faults = Faults()
         self.state = State.open(state_file, list(nodes))
-        self.core = Core(schema or Schema.load(), self.state, self.engine, self.faults)
+        self.core = Core(
+            schema or Schema.load(), self.state, self.engine, self.faults, engines=dict(engines or {})
+        )
         self.core.first_vmid = first_vmid
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if tls_dir is None:

@@ -24,6 +24,9 @@ from .errors import (
     SandboxNotReady,
     SnapshotNotFound,
     StateConflict,
+    TemplateBuildError,
+    VolumeNotAllowed,
+    VolumeNotFound,
 )
 from .manager import GcResult, Manager
 from .models import (
@@ -34,8 +37,11 @@ from .models import (
     SandboxSpec,
     SandboxStatus,
     SnapshotInfo,
+    VolumeInfo,
+    VolumeMount,
 )
 from .sandbox import ExecStream, Sandbox
+from .templates import Template
 
 __version__ = "0.1.0"
 
@@ -70,6 +76,12 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotNotFound",
     "StateConflict",
+    "Template",
+    "TemplateBuildError",
+    "VolumeInfo",
+    "VolumeMount",
+    "VolumeNotAllowed",
+    "VolumeNotFound",
     "__version__",
     "remote",
 ]

@@ -40,6 +40,7 @@ from .models import (
     SandboxRecord,
     SandboxStatus,
     SnapshotInfo,
+    VolumeMount,
 )
 
 if TYPE_CHECKING:
@@ -138,6 +139,8 @@ class AsyncManager:
         disk_iops: int | None = None,
         root: bool = False,
         template: str | None = None,
+        volumes: Sequence[VolumeMount] | None = None,
+        node: str | None = None,
     ) -> Pending[AsyncSandbox]:
         """``await mgr.create(...)`` or ``async with mgr.create(...) as sb``: :meth:`Manager.create`."""
         kwargs: dict[str, Any] = dict(
@@ -157,6 +160,8 @@ class AsyncManager:
             disk_iops=disk_iops,
             root=root,
             template=template,
+            volumes=volumes,
+            node=node,
         )
 
         async def make() -> AsyncSandbox:

@@ -138,6 +138,21 @@ class BackgroundProcess:
             self.sandbox.exec(f"kill -0 {self.pid} 2>/dev/null", timeout=30).exit_code == 0
         )
 
+    def info(self) -> ProcessInfo:
+        """Its state in one round trip: running (no exit status yet and alive) and the exit status."""
+        r = self.sandbox.exec(
+            f"rc=$(head -c 12 {self._path('rc')} 2>/dev/null); "
+            f'kill -0 {self.pid} 2>/dev/null && up=1 || up=0; printf "%s %s" "${{rc:--}}" "$up"',
+            timeout=30,
+            max_output=64,
+        )
+        words = r.text.split()
+        code = _small_int(words[0]) if len(words) == 2 and words[0] != "-" else None
+        running = code is None and len(words) == 2 and words[1] == "1"
+        return ProcessInfo(
+            pid=self.pid, handle=self.handle, command=self.command, running=running, exit_code=code
+        )
+
     def wait(self, timeout: float | None = None) -> int:
         """Block until the command ends; its exit status. CommandTimeout if it outlives ``timeout``."""
         if timeout is not None and timeout <= 0:

@@ -17,6 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__, logs
+from .cli_template import add_template_command, template_command
+from .cli_volumes import VOLUME_HELP, add_volume_command, parse_volume_flags, volume_command
+from .config import Settings
 from .errors import ConfigError, SandboxError
 from .limits import HTTP_LIMITS
 from .manager import Manager
@@ -119,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
             help="clone this named template (sandbox-rt template ls; default: the host's default)",
         )
         sp.add_argument("--from-snapshot", metavar="NAME", help="fork this snapshot instead of the template")
+        sp.add_argument(
+            "--node", metavar="NODE", help="Proxmox VE cluster: on this node (default: the placement policy)"
+        )
         for flag, unit, what in (
             ("--net-mbps", "MBIT", "network Mbit/s each way"),
             ("--disk-mbps", "MB", "disk MB/s each of read and write"),
@@ -126,6 +132,7 @@ def _parser() -> argparse.ArgumentParser:
         ):
             sp.add_argument(flag, type=int, metavar=unit, help=f"{what} (default: the host's; 0: no cap)")
         sp.add_argument("--root", action="store_true", help="commands may run as root (exec --user root)")
+        sp.add_argument("--volume", action="append", default=[], metavar="SRC:PATH[:ro]", help=VOLUME_HELP)
 
     run = command("run", help="create a sandbox, run CMD (streaming), destroy it")
     spec_args(run)
@@ -157,8 +164,8 @@ def _parser() -> argparse.ArgumentParser:
     sn.add_argument("id")
     sn.add_argument("name")
     command("snapshots", help="list snapshots")
-    tp = command("template", help="the templates sandboxes are cloned from (create --template NAME)")
-    tp.add_argument("action", choices=["ls"], help="ls: list the template names this host has")
+    add_template_command(command)
+    add_volume_command(command)
     ds = command("delete-snapshot", help="delete snapshots by name")
     ds.add_argument("names", nargs="+", metavar="NAME")
 
@@ -190,6 +197,14 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         metavar="PORT",
         help="also serve the OpenSandbox dialect (lifecycle + execd) on this port, same host and token",
+    )
+    sv.add_argument(
+        "--allow-host-path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="sandboxes may mount host directories under DIR (repeatable; beside host.json's "
+        "volume_host_dirs)",
     )
     sv.add_argument(
         "--max-body-mb",
@@ -332,7 +347,9 @@ class _Cli:
             disk_mbps=a.disk_mbps,
             disk_iops=a.disk_iops,
             root=a.root,
+            volumes=parse_volume_flags(a.volume),
             progress=self.progress,
+            node=a.node,
         )
 
     def run(self) -> int:
@@ -397,10 +414,10 @@ class _Cli:
                 lines.append(f"{sn.name:40} {sn.source_id:16} {created:20} {size}")
             self.out([dataclasses.asdict(sn) for sn in snaps], "\n".join(lines))
             return 0
-        if a.cmd == "template":  # action "ls", the only one argparse lets through
-            names = mgr.templates()
-            self.out(names, "\n".join(names))
-            return 0
+        if a.cmd == "template":
+            return template_command(a, mgr, self.out, self.progress)
+        if a.cmd == "volume":
+            return volume_command(a, mgr, self.out)
         if a.cmd == "delete-snapshot":
             for name in a.names:
                 mgr.delete_snapshot(name)
@@ -464,7 +481,11 @@ class _Cli:
             header_timeout_s=a.header_timeout,
             idle_timeout_s=a.idle_timeout,
         )
-        mgr = Manager.from_env()
+        settings = Settings.load()
+        if a.allow_host_path:  # host directories sandboxes may mount, beside host.json's
+            allowed = [*settings.volume_host_dirs, *a.allow_host_path]
+            settings = dataclasses.replace(settings, volume_host_dirs=allowed)
+        mgr = Manager(settings)
         serve(
             mgr,
             a.host,

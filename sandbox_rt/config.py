@@ -16,7 +16,7 @@ from typing import Any
 from .caps import DEFAULT_DISK_IOPS, DEFAULT_DISK_MBPS, DEFAULT_NET_MBPS
 from .errors import ConfigError
 from .models import DEFAULT_TEMPLATE
-from .validation import check_template_name
+from .validation import NODE_NAME, check_template_name
 
 __all__ = ["DEFAULT_HOST_CONFIG", "Settings"]
 
@@ -82,11 +82,20 @@ class Settings:
     pve_template_vmid: int = 0
     # more named templates on Proxmox VE: name -> the VMID of its CT template
     pve_templates: dict[str, int] = dataclasses.field(default_factory=dict)
+    # a cluster: each node's own copies of the templates (linked clones live on their template's
+    # node): node -> {template name ("default" or a pve_templates name) -> VMID}; the VMIDs above
+    # count for the node that holds them (docs/proxmox.md, "Placement")
+    pve_node_templates: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     pve_pool: str = "sandbox-pool"
     # how long one PVE task (clone, start, resize, destroy) may run, and how long a "CT is locked"
     # answer is retried; a task still running then is stopped and the step fails (BackendError)
     pve_task_timeout_s: float = 300.0
     state_dir: Path = Path("/var/lib/sandbox_rt/state")
+    # LXC: named volumes (``sandbox-rt volume``), one directory each, outliving sandboxes
+    volume_dir: Path = Path("/var/lib/sandbox_rt/volumes")
+    # LXC: host directories a sandbox may mount (``VolumeMount(host_path=...)``) lie under one of
+    # these; empty: none (``sandbox-rt serve --allow-host-path DIR`` adds one)
+    volume_host_dirs: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -148,6 +157,11 @@ class Settings:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0")
         self._validate_templates()
+        for allowed in self.volume_host_dirs:
+            if not (isinstance(allowed, str) and allowed.startswith("/") and "\x00" not in allowed):
+                raise ConfigError(f"volume_host_dirs: {allowed!r} is not an absolute path")
+            if Path(allowed).resolve() == Path("/"):
+                raise ConfigError("volume_host_dirs: '/' would let sandboxes mount any host directory")
         if self.backend == "proxmox":
             self._validate_proxmox()
 
@@ -174,8 +188,15 @@ class Settings:
 
     def template_names(self) -> list[str]:
         """The templates ``create(template=...)`` may name on this host: ``default`` first."""
-        named = self.pve_templates if self.backend == "proxmox" else self.templates
+        named = self.pve_templates if self.backend == "proxmox" else self.lxc_templates()
         return [DEFAULT_TEMPLATE, *sorted(named)]
+
+    def lxc_templates(self) -> dict[str, str]:
+        """Named template -> container: host.json's ``templates`` and the ones built from code
+        (``<state_dir>/templates.json``, read live: a build in another process counts at once)."""
+        from .templates.registry import built_containers
+
+        return {**built_containers(self.state_dir, "lxc"), **self.templates}
 
     def check_template(self, name: str) -> None:
         """ConfigError naming the known templates unless this host has template ``name``."""
@@ -192,6 +213,26 @@ class Settings:
             raise ConfigError("no PVE token secret: set SANDBOX_RT_PVE_TOKEN_SECRET or pve_token_secret_file")
         if self.pve_template_vmid < 100:
             raise ConfigError(f"pve_template_vmid={self.pve_template_vmid!r} must be a VMID (>= 100)")
+        self._validate_node_templates()
+
+    def _validate_node_templates(self) -> None:
+        """pve_node_templates: node names as PVE takes them, known template names, distinct VMIDs."""
+        if not isinstance(self.pve_node_templates, dict):
+            raise ConfigError(f"pve_node_templates must map nodes to templates: {self.pve_node_templates!r}")
+        seen = {self.pve_template_vmid, *self.pve_templates.values()}
+        for node, copies in self.pve_node_templates.items():
+            if not NODE_NAME.fullmatch(str(node)):
+                raise ConfigError(f"pve_node_templates: {node!r} is not a PVE node name")
+            if not isinstance(copies, dict):
+                raise ConfigError(f"pve_node_templates: {node} -> {copies!r} must map names to VMIDs")
+            for name, vmid in copies.items():
+                if name not in self.template_names():
+                    raise ConfigError(f"pve_node_templates: {node}/{name}: no such template on this host")
+                if not (isinstance(vmid, int) and vmid >= 100):
+                    raise ConfigError(f"pve_node_templates: {node}/{name} -> {vmid!r} is not a VMID (>= 100)")
+                if vmid in seen:
+                    raise ConfigError(f"pve_node_templates: {node}/{name} -> VMID {vmid} is used twice")
+                seen.add(vmid)
 
     @property
     def network(self) -> ipaddress.IPv4Network:
@@ -226,7 +267,22 @@ def _coerce(field: dataclasses.Field[Any], name: str, value: Any) -> Any:
             mapping = json.loads(value) if isinstance(value, str) else value
             if not isinstance(mapping, dict):
                 raise ValueError(value)
+            if kind.startswith("dict[str, dict["):  # node -> {name -> VMID}
+                return {str(k): _coerce_ints(v) for k, v in mapping.items()}
             return {str(k): int(v) if "int]" in kind else str(v) for k, v in mapping.items()}
+        if kind.startswith("list["):  # a JSON array, or an env var holding one or a ':'-list
+            if isinstance(value, str):
+                listed = value.lstrip().startswith("[")
+                value = json.loads(value) if listed else [v for v in value.split(":") if v]
+            if not isinstance(value, list):
+                raise ValueError(value)
+            return [str(v) for v in value]
         return str(value)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{name}={value!r} is not a valid {kind}") from exc
+
+
+def _coerce_ints(value: Any) -> dict[str, int]:
+    if not isinstance(value, dict):
+        raise ValueError(value)
+    return {str(k): int(v) for k, v in value.items()}

@@ -21,6 +21,9 @@ __all__ = [
     "SandboxNotFound",
     "SandboxNotReady",
     "SnapshotNotFound",
+    "TemplateBuildError",
+    "VolumeNotAllowed",
+    "VolumeNotFound",
 ]
 
 
@@ -65,6 +68,11 @@ class FirewallDisabled(BackendError):
     is off, so no CT firewall applies); nothing was created or changed."""
 
 
+class TemplateBuildError(BackendError):
+    """A template build failed (``step``: which step or hardening control, ``detail``: its output,
+    e.g. pyinfra's); nothing of the build is left (no build sandbox, no half template)."""
+
+
 class SandboxNotFound(SandboxError, LookupError):
     """No sandbox with that id exists (or it was destroyed)."""
 
@@ -79,6 +87,21 @@ class SnapshotNotFound(SandboxError, LookupError):
     def __init__(self, name: str) -> None:
         self.name = name
         super().__init__(f"no snapshot named {name!r}")
+
+
+class VolumeNotFound(SandboxError, LookupError):
+    """No named volume with that name exists (``Manager.volumes``; or it was removed), or a host
+    directory or sub path a mount names is not there."""
+
+    def __init__(self, name: str, message: str | None = None) -> None:
+        self.name = name
+        super().__init__(message or f"no volume named {name!r}")
+
+
+class VolumeNotAllowed(ConfigError):
+    """A mount's source is refused: a host path outside the directories the operator allows, or a
+    symbolic link (or a way out) on the path inside a volume or an allowed directory. The HTTP API
+    answers it 403."""
 
 
 class ProcessNotFound(SandboxError, LookupError):

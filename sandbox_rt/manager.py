@@ -7,16 +7,17 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import paramiko
 
 from . import logs
-from .backends.base import Backend, pause_backend, snapshot_backend
+from .backends.base import Backend, pause_backend, placement_backend, snapshot_backend
 from .config import Settings
 from .errors import ConfigError, SandboxError, SandboxNotFound, SnapshotNotFound
 from .models import (
@@ -28,11 +29,17 @@ from .models import (
     SandboxRecord,
     SandboxSpec,
     SnapshotInfo,
+    VolumeMount,
 )
 from .pool import POOL_LABEL, WarmPool
 from .sandbox import Sandbox
 from .ssh import SSHExecutor, load_private_key, parse_public_key
-from .validation import check_sandbox_id, check_snapshot_name, make_spec
+from .validation import check_node_name, check_sandbox_id, check_snapshot_name, make_spec
+from .volumes import VolumeStore
+from .volumes.store import open_host_source
+
+if TYPE_CHECKING:
+    from .templates import BuildResult, Template
 
 __all__ = ["PAUSED_STATES", "GcResult", "Manager", "new_sandbox_id"]
 
@@ -162,7 +169,9 @@ class Manager:
         root: bool = False,
         template: str | None = None,
         from_snapshot: str | None = None,
+        volumes: Sequence[VolumeMount] | None = None,
         progress: Progress | None = None,
+        node: str | None = None,
     ) -> Sandbox:
         """Clone the template, apply limits, start, connect; all or nothing.
 
@@ -184,6 +193,11 @@ class Manager:
         name is a ConfigError before anything is made. A fork has its snapshot's template, so
         ``template`` and ``from_snapshot`` do not go together. Only sandboxes of the pool's template
         (``pool_spec``'s, default ``default``) come from the warm pool.
+        ``volumes`` mounts named volumes (:attr:`volumes`; each must exist) and host directories
+        under the operator's ``volume_host_dirs`` (:class:`VolumeMount`); LXC backend only.
+        ``node`` (Proxmox VE cluster) puts it on that node instead of where the placement policy
+        would (docs/proxmox.md, "Placement"); such a sandbox is always made cold. ConfigError on a
+        backend with one host, for an unknown node or one without the template.
         """
         if template is not None and from_snapshot is not None:
             raise ConfigError(
@@ -206,14 +220,26 @@ class Manager:
             disk_iops=disk_iops if disk_iops is not None else self.settings.default_disk_iops,
             root=root,
             template=DEFAULT_TEMPLATE if template is None else template,
+            volumes=volumes,
         )
         self.settings.check_template(spec.template)
+        if spec.volumes:
+            self._check_volume_sources(spec.volumes)
+        if node is not None:  # placed by hand: never a warm-pool sandbox
+            check_node_name(node)
+            if from_snapshot is not None:
+                raise ConfigError(
+                    "node= and from_snapshot= do not go together: a fork is made on its snapshot's node"
+                )
+            placement_backend(self.backend)
+            return self._create_cold(spec, progress, node=node)
         if from_snapshot is not None:  # a fork is never a warm-pool sandbox
             check_snapshot_name(from_snapshot)
             snapshot_backend(self.backend)
             return self._create_cold(spec, progress, from_snapshot)
         # pool sandboxes are of the pool's template and start without root
-        if self.pool is not None and not spec.root and spec.template == self._pool_template:
+        poolable = not spec.root and not spec.volumes and spec.template == self._pool_template
+        if self.pool is not None and poolable:
             warm = self.pool.take()
             if warm is not None:
                 try:
@@ -223,9 +249,46 @@ class Manager:
                         warm.destroy()  # a pool sandbox that cannot take the spec: make one cold
         return self._create_cold(spec, progress)
 
+    @property
+    def volumes(self) -> VolumeStore:
+        """The host's named volumes: ``create``, ``list``, ``get``, ``remove`` (LXC backend)."""
+        store = getattr(self.backend, "volume_store", None)
+        if store is None:
+            raise ConfigError(
+                f"the {self.backend.name} backend has no volumes: a PVE mount point's storage volume "
+                "is destroyed with its CT, and bind mounts of host paths need root@pam (docs/proxmox.md)"
+            )
+        return cast(VolumeStore, store())
+
+    def _check_volume_sources(self, mounts: Sequence[VolumeMount]) -> None:
+        """Every source exists and may be mounted, before anything is made (start checks again)."""
+        store = self.volumes
+        for mount in mounts:
+            if mount.volume is not None:
+                os.close(store.open_source(mount))  # VolumeNotFound, or a link on the way
+            else:
+                os.close(open_host_source(mount, self.settings.volume_host_dirs))
+
     def templates(self) -> builtins.list[str]:
         """The template names ``create(template=...)`` takes on this host (``default`` first)."""
         return self.settings.template_names()
+
+    def build_template(
+        self,
+        template: Template,
+        name: str,
+        *,
+        on_log: Callable[[str], None] | None = None,
+        skip_cache: bool = False,
+    ) -> BuildResult:
+        """Build ``template`` (a :class:`sandbox_rt.Template`) into the named template ``name``:
+        pyinfra applies its steps as root to a build sandbox (egress: the steps' package sources),
+        the hardening controls are checked, the result is stored and joins :meth:`templates`. All or
+        nothing (TemplateBuildError names the failed step); the same definition again is a cache
+        hit (``skip_cache=True`` rebuilds). See :mod:`sandbox_rt.templates`."""
+        from .templates.build import build_template
+
+        return build_template(self, template, name, on_log=on_log, skip_cache=skip_cache)
 
     def _hand_out(self, sb: Sandbox, spec: SandboxSpec) -> Sandbox:
         """Give a warm sandbox the request's limits, name, labels and TTL, then internet."""
@@ -239,7 +302,12 @@ class Manager:
         return sb
 
     def _create_cold(
-        self, spec: SandboxSpec, progress: Progress | None, from_snapshot: str | None = None
+        self,
+        spec: SandboxSpec,
+        progress: Progress | None,
+        from_snapshot: str | None = None,
+        *,
+        node: str | None = None,
     ) -> Sandbox:
         key = self.key  # fail on a missing key before anything is made
         say = progress or (lambda _msg: None)
@@ -250,7 +318,10 @@ class Manager:
             t0 = time.monotonic()
             if from_snapshot is None:
                 say(f"cloning template {spec.template} -> {sandbox_id}")
-                record = backend.clone(sandbox_id, spec)
+                if node is None:
+                    record = backend.clone(sandbox_id, spec)
+                else:
+                    record = placement_backend(backend).clone_on(sandbox_id, spec, node)
             else:
                 say(f"forking snapshot {from_snapshot} -> {sandbox_id}")
                 record = snapshot_backend(backend).clone_from_snapshot(sandbox_id, spec, from_snapshot)

@@ -15,6 +15,8 @@ __all__ = [
     "SandboxSpec",
     "SandboxStatus",
     "SnapshotInfo",
+    "VolumeInfo",
+    "VolumeMount",
 ]
 
 
@@ -71,6 +73,23 @@ DEFAULT_TEMPLATE = "default"
 
 
 @dataclasses.dataclass(frozen=True)
+class VolumeMount:
+    """A directory of the host mounted into a sandbox at ``mount_path`` (the LXC backend).
+
+    The source is either a named volume (``volume``: :meth:`Manager.volumes`, outlives sandboxes)
+    or a host directory (``host_path``) under one the operator allows (``volume_host_dirs``).
+    ``sub_path`` mounts a directory inside the source instead (relative, no ``..``); ``read_only``
+    refuses every write, root's included. Checked by :func:`sandbox_rt.volumes.check_mounts`.
+    """
+
+    mount_path: str
+    volume: str | None = None
+    host_path: str | None = None
+    sub_path: str | None = None
+    read_only: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class SandboxSpec:
     """The validated request for a new sandbox."""
 
@@ -97,6 +116,8 @@ class SandboxSpec:
     root: bool = False
     # the named template it is cloned from (Settings.template_names(); a fork: its snapshot's)
     template: str = DEFAULT_TEMPLATE
+    # host directories mounted into it (named volumes, allowed host paths); fixed at creation
+    volumes: tuple[VolumeMount, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +186,21 @@ class SnapshotInfo:
     backend: str
     size_bytes: int | None = None  # LXC: bytes of the saved delta; PVE: not reported
     template: str = DEFAULT_TEMPLATE  # the source's template: every fork is cloned from it too
+
+
+@dataclasses.dataclass(frozen=True)
+class VolumeInfo:
+    """A named volume (``Manager.volumes``): a directory of the host that outlives sandboxes.
+
+    ``path`` is its directory on the host; files in it carry the ids of the template's range
+    (``idmap_base + uid``), which each sandbox sees as its own ``uid``.
+    """
+
+    name: str
+    path: str
+    created_at: float
+    used_by: tuple[str, ...] = ()  # ids of the sandboxes that mount it now
+    size_bytes: int | None = None  # bytes it holds (None: too large to count quickly)
 
 
 EntryType = Literal["file", "dir", "symlink", "other"]

@@ -24,7 +24,9 @@ from .models import (
     DEFAULT_PIDS_MAX,
     DEFAULT_TEMPLATE,
     SandboxSpec,
+    VolumeMount,
 )
+from .volumes.checks import check_mounts
 
 __all__ = [
     "MAX_MEMORY_MB",
@@ -32,6 +34,7 @@ __all__ = [
     "check_env",
     "check_hostname",
     "check_max_bytes",
+    "check_node_name",
     "check_remote_path",
     "check_sandbox_id",
     "check_snapshot_name",
@@ -104,6 +107,7 @@ def make_spec(
     disk_iops: int = DEFAULT_DISK_IOPS,
     root: bool = False,
     template: str = DEFAULT_TEMPLATE,
+    volumes: Sequence[VolumeMount] | None = None,
     host_cpus: int | None = None,
 ) -> SandboxSpec:
     """Validate ``create`` arguments into a :class:`SandboxSpec` or raise ConfigError."""
@@ -159,6 +163,7 @@ def make_spec(
         egress=check_egress(egress),
         root=root,
         template=check_template_name(template),
+        volumes=check_mounts(volumes),
         **caps,
     )
 
@@ -248,6 +253,19 @@ def check_template_name(name: str) -> str:
             "starting with a letter or digit"
         )
     return name
+
+
+# a Proxmox VE node name (a host name's first label)
+NODE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def check_node_name(node: object) -> str:
+    """A cluster node's name as PVE spells it (whether the cluster has it is the backend's check)."""
+    if not isinstance(node, str) or not NODE_NAME.fullmatch(node):
+        raise ConfigError(
+            f"node {node!r} is not a node name (1-63 of A-Z a-z 0-9 '-', not starting or ending with '-')"
+        )
+    return node
 
 
 _SNAPSHOT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{1,39}")

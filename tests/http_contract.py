@@ -125,6 +125,7 @@ class Steering:
     file_paths: Callable[[], Sequence[str]] = lambda: ()
     templates: Callable[[], Sequence[str]] = lambda: ()
     pids: Callable[[], Sequence[int]] = lambda: ()
+    volume_names: Callable[[], Sequence[str]] = lambda: ()
     # ids DELETE /v1/sandboxes/{id} may name (default: sandbox_ids); names DELETE /v1/snapshots/{name} may
     # name (default: snapshot_names)
     deletable_ids: Callable[[], Sequence[str]] | None = None
@@ -136,6 +137,8 @@ class Steering:
 _ID = re.compile(r"sbx-[0-9a-f]{10}")
 _SNAPSHOT = re.compile(r"[A-Za-z][A-Za-z0-9_-]{1,39}")
 _TEMPLATE = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
+_VOLUME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_VOLUME_OPS = ("getVolume", "deleteVolume")  # their {name} is a volume's, not a snapshot's
 _MAX_PID = 1 << 22
 
 
@@ -170,7 +173,10 @@ def _install_hooks(schema: BaseSchema, steer: Steering) -> None:
                 ids = steer.deletable_ids()
             strategy = _choose(sid, bool(_ID.fullmatch(sid)), ids).map(lambda v: {**params, "id": v})
         name = params.get("name")
-        if isinstance(name, str) and _SNAPSHOT.fullmatch(name):
+        if isinstance(name, str) and op in _VOLUME_OPS:
+            volumes = _choose(name, bool(_VOLUME.fullmatch(name)), steer.volume_names())
+            strategy = strategy.flatmap(lambda p: volumes.map(lambda v: {**p, "name": v}))
+        elif isinstance(name, str) and _SNAPSHOT.fullmatch(name):
             if op == "deleteSnapshot" and steer.deletable_snapshot is not None:
                 own = steer.deletable_snapshot(name)
                 names = _choose(own, True, steer.snapshot_names())
@@ -233,8 +239,9 @@ def _install_hooks(schema: BaseSchema, steer: Steering) -> None:
             if isinstance(sid, str) and _ID.fullmatch(sid) and ids:
                 params["id"] = ids[next(turn) % len(ids)]
             name = params.get("name")
-            names = list(steer.snapshot_names())
-            if isinstance(name, str) and _SNAPSHOT.fullmatch(name) and names and op != "deleteSnapshot":
+            names = list(steer.volume_names() if op in _VOLUME_OPS else steer.snapshot_names())
+            pattern = _VOLUME if op in _VOLUME_OPS else _SNAPSHOT
+            if isinstance(name, str) and pattern.fullmatch(name) and names and op != "deleteSnapshot":
                 params["name"] = names[0]
             pid, pids = params.get("pid"), list(steer.pids())
             if isinstance(pid, int) and not isinstance(pid, bool) and 2 <= pid <= _MAX_PID and pids:

@@ -8,7 +8,16 @@ from typing import Protocol, runtime_checkable
 from ..errors import ConfigError
 from ..models import ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
 
-__all__ = ["Backend", "GcCandidate", "PauseBackend", "SnapshotBackend", "pause_backend", "snapshot_backend"]
+__all__ = [
+    "Backend",
+    "GcCandidate",
+    "PauseBackend",
+    "PlacementBackend",
+    "SnapshotBackend",
+    "pause_backend",
+    "placement_backend",
+    "snapshot_backend",
+]
 
 
 class GcCandidate:
@@ -131,5 +140,24 @@ def pause_backend(backend: object) -> PauseBackend:
     if not isinstance(backend, PauseBackend):
         raise ConfigError(
             f"the {getattr(backend, 'name', type(backend).__name__)} backend cannot pause sandboxes"
+        )
+    return backend
+
+
+@runtime_checkable
+class PlacementBackend(Protocol):
+    """A backend over several nodes (an optional capability of :class:`Backend`): ``clone_on`` is
+    ``clone`` on the named node only (``create(node=...)``); ConfigError for an unknown node or one
+    without the template, BackendError for one that is offline."""
+
+    def clone_on(self, sandbox_id: str, spec: SandboxSpec, node: str) -> SandboxRecord: ...
+
+
+def placement_backend(backend: object) -> PlacementBackend:
+    """``backend`` as a :class:`PlacementBackend`, or ConfigError if it has one host only."""
+    if not isinstance(backend, PlacementBackend):
+        raise ConfigError(
+            f"the {getattr(backend, 'name', type(backend).__name__)} backend runs on one host: "
+            "node= does not apply"
         )
     return backend

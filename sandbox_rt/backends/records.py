@@ -9,7 +9,7 @@ import socket
 import time
 from typing import Any
 
-from ..models import SandboxRecord, SandboxSpec
+from ..models import SandboxRecord, SandboxSpec, VolumeMount
 
 __all__ = ["ROOT_ENV", "new_record", "spec_from_json", "spec_to_json", "updated_record"]
 
@@ -29,6 +29,10 @@ def spec_from_json(data: dict[str, Any]) -> SandboxSpec:
     known = {f.name for f in dataclasses.fields(SandboxSpec)}
     values = {k: v for k, v in data.items() if k in known}
     values["egress"] = tuple(values.get("egress") or ())
+    mount_fields = {f.name for f in dataclasses.fields(VolumeMount)}
+    values["volumes"] = tuple(
+        VolumeMount(**{k: v for k, v in m.items() if k in mount_fields}) for m in values.get("volumes") or ()
+    )
     return SandboxSpec(**values)
 
 

@@ -24,6 +24,7 @@ from ..models import (
     SandboxRecord,
     SandboxStatus,
     SnapshotInfo,
+    VolumeMount,
 )
 from . import calls, error_map, events, wire
 from .error_map import ErrorContext
@@ -137,6 +138,8 @@ class AsyncClient:
         disk_iops: int | None = None,
         root: bool = False,
         template: str | None = None,
+        volumes: Sequence[VolumeMount] | None = None,
+        node: str | None = None,
     ) -> Pending[AsyncRemoteSandbox]:
         """``await client.create(...)``, or ``async with client.create(...) as sb`` to have it
         destroyed at the end of the block (arguments as :meth:`remote.Client.create`)."""
@@ -157,6 +160,8 @@ class AsyncClient:
             disk_iops=disk_iops,
             root=root,
             template=template,
+            volumes=volumes,
+            node=node,
         )
 
         async def make() -> AsyncRemoteSandbox:

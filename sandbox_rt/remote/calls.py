@@ -13,7 +13,15 @@ from typing import Any, TypeVar
 from ..errors import ConfigError
 from ..files import LIST_MAX_ENTRIES, MAX_LIST_DEPTH
 from ..limits import DEFAULT_READ_MAX_BYTES
-from ..models import EntryInfo, ExecResult, ProcessInfo, SandboxRecord, SandboxStatus, SnapshotInfo
+from ..models import (
+    EntryInfo,
+    ExecResult,
+    ProcessInfo,
+    SandboxRecord,
+    SandboxStatus,
+    SnapshotInfo,
+    VolumeMount,
+)
 from ..validation import (
     MAX_TTL_S,
     check_max_bytes,
@@ -23,6 +31,7 @@ from ..validation import (
     check_snapshot_name,
     check_timeout,
 )
+from ..volumes import check_mounts
 from ..web.tokens import check_token, is_loopback, load_token  # the server's token rules, reused
 from . import answers, wire
 from .error_map import ErrorContext
@@ -79,6 +88,8 @@ def create(
     disk_iops: int | None = None,
     root: bool | None = None,
     template: str | None = None,
+    volumes: Sequence[VolumeMount] | None = None,
+    node: str | None = None,
 ) -> Call[SandboxStatus]:
     """``POST /v1/sandboxes``; fields left None take the server's defaults."""
     if egress is not None and (isinstance(egress, str | bytes) or not isinstance(egress, Sequence)):
@@ -102,6 +113,8 @@ def create(
         "disk_iops": disk_iops,
         "root": root or None,  # sent only when asked for (servers without it answer 400 otherwise)
         "template": template,
+        "volumes": _volume_map(volumes) if volumes else None,
+        "node": node,
     }
     body = {k: v for k, v in fields.items() if v is not None}
     return Call(
@@ -112,6 +125,16 @@ def create(
         ErrorContext(snapshot=from_snapshot),
         json=body,
     )
+
+
+def _volume_map(volumes: Sequence[VolumeMount]) -> dict[str, dict[str, Any]]:
+    """The API's ``volumes``: mount path -> its source (checked first: a mount path given twice
+    would otherwise be lost in the map)."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in check_mounts(volumes):
+        source = {"volume": m.volume} if m.volume is not None else {"host_path": m.host_path}
+        out[m.mount_path] = {**source, "sub_path": m.sub_path, "read_only": m.read_only}
+    return out
 
 
 def _listing(path: str, parse: Callable[[Any], T], what: str) -> Call[T]:

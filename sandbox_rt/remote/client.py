@@ -23,6 +23,7 @@ from ..models import (
     SandboxRecord,
     SandboxStatus,
     SnapshotInfo,
+    VolumeMount,
 )
 from . import calls, error_map, events, wire
 from .error_map import ErrorContext
@@ -143,6 +144,8 @@ class Client:
         disk_iops: int | None = None,
         root: bool = False,
         template: str | None = None,
+        volumes: Sequence[VolumeMount] | None = None,
+        node: str | None = None,
     ) -> RemoteSandbox:
         """A new sandbox (all or nothing, on the server). ``ttl_s`` None: the server's default;
         ``detached`` None: the API's default (true: it lives by its TTL, not by the server process)."""
@@ -164,6 +167,8 @@ class Client:
                 disk_iops=disk_iops,
                 root=root,
                 template=template,
+                volumes=volumes,
+                node=node,
             )
         )
         return RemoteSandbox(self, status)

@@ -26,6 +26,8 @@ from ..errors import (
     SandboxNotReady,
     SnapshotNotFound,
     StateConflict,
+    VolumeNotAllowed,
+    VolumeNotFound,
 )
 from ..limits import DEFAULT_MAX_OUTPUT
 from .answers import MAX_MESSAGE, STEP, read_b64
@@ -45,6 +47,7 @@ class ErrorContext:
     command: str | None = None
     max_output: int = DEFAULT_MAX_OUTPUT
     pid: int | None = None  # a background command's (its routes answer ProcessNotFound)
+    volume: str | None = None  # a named volume's (its routes answer VolumeNotFound)
 
 
 # HTTP status -> the code the API documents (docs/http-api.md), for an answer without a usable body
@@ -101,11 +104,15 @@ def error_from_answer(
     kind = detail.get("type") if isinstance(detail.get("type"), str) else ""
     if code == "invalid_argument" or code in ("payload_too_large", "uri_too_long"):
         return ConfigError(message)
+    if code == "volume_not_allowed":
+        return VolumeNotAllowed(message)
     if code == "not_found":
         if kind == "SnapshotNotFound" and ctx.snapshot is not None:
             return SnapshotNotFound(ctx.snapshot)
         if kind == "ProcessNotFound" and ctx.pid is not None:
             return ProcessNotFound(ctx.pid)
+        if kind == "VolumeNotFound":  # the server's message names the volume or directory
+            return VolumeNotFound(ctx.volume or "", message)
         if ctx.sandbox_id is not None and kind in ("", "SandboxNotFound"):
             return SandboxNotFound(ctx.sandbox_id)
         return SandboxError(message)

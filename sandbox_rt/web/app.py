@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
 from .. import __version__
+from ..config import Settings
 from ..errors import ConnectionLost, SandboxError, SandboxNotFound
 from ..limits import HTTP_LIMITS, HttpLimits
 from . import native, processes, schemas
@@ -46,6 +47,7 @@ _REQUEST_MODELS = (
     schemas.EgressRequest,
     schemas.SnapshotRequest,
     schemas.ExtendRequest,
+    schemas.CreateVolumeRequest,
     schemas.MkdirRequest,
     schemas.RenameRequest,
     schemas.ExecOutputEvent,
@@ -94,7 +96,17 @@ def served_document(manager: ManagerLike) -> dict[str, Any]:
     create = doc["components"]["schemas"]["CreateSandboxRequest"]["properties"]
     create["template"]["enum"] = [*manager.templates(), None]
     create["cpus"]["maximum"] = os.cpu_count() or 1
+    create["node"]["enum"] = [*_nodes(manager), None]
     return doc
+
+
+def _nodes(manager: ManagerLike) -> list[str]:
+    """The nodes ``create(node=...)`` may name on this host: a Proxmox VE cluster's per-node
+    templates (and ``pve_node``); none on a backend with one host."""
+    settings = getattr(manager, "settings", None)
+    if not isinstance(settings, Settings) or settings.backend != "proxmox":
+        return []
+    return sorted({*settings.pve_node_templates, *([settings.pve_node] if settings.pve_node else [])})
 
 
 def _error_response(err: HttpError, render: Callable[[HttpError], bytes] = HttpError.encoded) -> Response:

@@ -24,6 +24,8 @@ from ..errors import (
     SandboxNotReady,
     SnapshotNotFound,
     StateConflict,
+    VolumeNotAllowed,
+    VolumeNotFound,
 )
 
 __all__ = ["ENCODINGS", "HttpError", "encode_output", "error_for", "json_type"]
@@ -101,9 +103,11 @@ def error_for(exc: SandboxError, encoding: str = "utf-8") -> HttpError:
     extra: dict[str, Any] = {"type": type(exc).__name__}
     if isinstance(exc, StateConflict):
         return HttpError(409, "conflict", message, extra=extra)
+    if isinstance(exc, VolumeNotAllowed):  # a well-formed mount this host refuses to make
+        return HttpError(403, "volume_not_allowed", message, extra=extra)
     if isinstance(exc, ConfigError):
         return HttpError(400, "invalid_argument", message, extra=extra)
-    if isinstance(exc, SandboxNotFound | SnapshotNotFound | ProcessNotFound):
+    if isinstance(exc, SandboxNotFound | SnapshotNotFound | ProcessNotFound | VolumeNotFound):
         return HttpError(404, "not_found", message, extra=extra)
     if isinstance(exc, CommandTimeout):
         # 504, not 408: clients and proxies may silently retry a 408, which would run the command again

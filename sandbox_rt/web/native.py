@@ -22,14 +22,31 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from .. import __version__
 from ..errors import ConfigError, SandboxError
 from ..files import MAX_LIST_DEPTH
-from ..models import EntryInfo, ExecResult, SandboxRecord, SandboxStatus, SnapshotInfo
+from ..models import (
+    EntryInfo,
+    ExecResult,
+    SandboxRecord,
+    SandboxStatus,
+    SnapshotInfo,
+    VolumeInfo,
+    VolumeMount,
+)
 from . import schemas as s
 from .bodies import strict_query
-from .errors import ENCODINGS, encode_output
+from .errors import ENCODINGS, HttpError, encode_output
 from .kinds import exact
 from .openapi import errors
-from .params import RAW_REQUEST, Ctx, FilePath, SandboxId, SnapshotName, json_body, json_request
-from .runtime import quiet_close
+from .params import (
+    RAW_REQUEST,
+    Ctx,
+    FilePath,
+    SandboxId,
+    SnapshotName,
+    VolumeName,
+    json_body,
+    json_request,
+)
+from .runtime import VolumeRuntime, VolumesLike, quiet_close
 from .sse import SSE_SCHEMA, exec_events
 
 __all__ = ["PUBLIC_PATHS", "router"]
@@ -102,7 +119,7 @@ def list_templates(ctx: Ctx) -> dict[str, Any]:
             "description": "Created and running.",
             "headers": {"Location": {"schema": {"type": "string"}, "description": "/v1/sandboxes/{id}"}},
         },
-        **errors("400", "401", "404", "413", "500", "502", "503"),
+        **errors("400", "401", "403", "404", "413", "500", "502", "503"),
     },
     openapi_extra=json_request(s.CreateSandboxRequest, required=False),
 )
@@ -116,6 +133,8 @@ def create_sandbox(
     given = body.model_dump(include=body.model_fields_set)
     kwargs = {k: v for k, v in given.items() if v is not None}
     kwargs.setdefault("detached", True)  # lives by its TTL, not by this server process
+    if "volumes" in kwargs:
+        kwargs["volumes"] = [VolumeMount(path, **source) for path, source in kwargs["volumes"].items()]
     sb = ctx.manager.create(**kwargs)
     try:
         status = sb.status()
@@ -289,6 +308,64 @@ def list_snapshots(ctx: Ctx) -> dict[str, Any]:
 )
 def delete_snapshot(ctx: Ctx, name: SnapshotName) -> Response:
     ctx.manager.delete_snapshot(name)
+    return Response(status_code=204)
+
+
+# -- volumes -----------------------------------------------------------------------------------------
+def _volumes(ctx: Ctx) -> VolumesLike:
+    manager = ctx.manager
+    if not isinstance(manager, VolumeRuntime):
+        raise HttpError(501, "not_implemented", "this server's runtime has no volumes")
+    return manager.volumes
+
+
+@router.get(
+    "/v1/volumes",
+    operation_id="listVolumes",
+    summary="The host's named volumes (lxc backend): directories that outlive sandboxes",
+    response_model=s.VolumeList,
+    responses=errors("400", "401"),
+)
+def list_volumes(ctx: Ctx) -> dict[str, Any]:
+    return {"volumes": _volumes(ctx).list(size=True)}
+
+
+@router.post(
+    "/v1/volumes",
+    operation_id="createVolume",
+    summary="Make an empty named volume; create mounts it with volumes: {path: {volume: name}}",
+    status_code=201,
+    response_model=VolumeInfo,
+    responses={201: {"description": "Made."}, **errors("400", "401", "409", "413")},
+    openapi_extra=json_request(s.CreateVolumeRequest),
+)
+def create_volume(
+    ctx: Ctx, body: Annotated[s.CreateVolumeRequest, Depends(json_body(s.CreateVolumeRequest, "volume"))]
+) -> VolumeInfo:
+    return _volumes(ctx).create(body.name)
+
+
+@router.get(
+    "/v1/volumes/{name}",
+    operation_id="getVolume",
+    summary="One volume: its host path, size and the sandboxes that mount it",
+    response_model=VolumeInfo,
+    responses=errors("400", "401", "404"),
+)
+def get_volume(ctx: Ctx, name: VolumeName) -> VolumeInfo:
+    return _volumes(ctx).get(name)
+
+
+@router.delete(
+    "/v1/volumes/{name}",
+    operation_id="deleteVolume",
+    summary="Delete a volume and its files (409 while a sandbox mounts it)",
+    status_code=204,
+    response_class=Response,
+    responses={204: {"description": "Deleted."}, **errors("400", "401", "404", "409")},
+)
+def delete_volume(ctx: Ctx, name: VolumeName) -> Response:
+    _volumes(ctx).remove(name)
     return Response(status_code=204)
 
 

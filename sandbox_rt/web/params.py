@@ -12,11 +12,21 @@ from pydantic import AfterValidator, BaseModel
 
 from ..limits import HttpLimits
 from ..validation import check_sandbox_id, check_snapshot_name
+from ..volumes import check_volume_name
 from . import schemas as s
 from .bodies import check_json_media_type, parse_body
 from .runtime import ManagerLike, SandboxCache
 
-__all__ = ["Context", "Ctx", "FilePath", "SandboxId", "SnapshotName", "json_body", "json_request"]
+__all__ = [
+    "Context",
+    "Ctx",
+    "FilePath",
+    "SandboxId",
+    "SnapshotName",
+    "VolumeName",
+    "json_body",
+    "json_request",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -52,11 +62,14 @@ def json_request(model: type[BaseModel], *, required: bool = True) -> dict[str, 
     return {"requestBody": {"required": required, "content": {"application/json": {"schema": ref}}}}
 
 
-# a route that takes raw bytes (a file, a process's stdin) takes them under any media type
+# a route that takes raw bytes (a file, a process's stdin) takes them under any media type; no body
+# is no bytes (an empty file): on the wire the two are the same (Content-Length: 0)
 RAW_REQUEST: dict[str, Any] = {
     "requestBody": {
-        "required": True,
-        "content": {"*/*": {"schema": {}, "description": "The raw bytes, whatever the media type."}},
+        "required": False,
+        "content": {
+            "*/*": {"schema": {}, "description": "The raw bytes, whatever the media type (none: empty)."}
+        },
     }
 }
 
@@ -69,6 +82,9 @@ SandboxId = Annotated[
 ]
 SnapshotName = Annotated[
     str, Path(json_schema_extra={"pattern": s.SNAPSHOT_NAME_PATTERN}), AfterValidator(check_snapshot_name)
+]
+VolumeName = Annotated[
+    str, Path(json_schema_extra={"pattern": s.VOLUME_NAME_PATTERN}), AfterValidator(check_volume_name)
 ]
 FilePath = Annotated[
     str,

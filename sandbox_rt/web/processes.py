@@ -75,17 +75,6 @@ class ProcessExit(s.Answer):
 MODELS = (StartProcessRequest, WaitRequest, KillRequest)
 
 
-def _info(p: Any, *, running: bool | None = None) -> ProcessInfo:
-    code = p.exit_code()
-    return ProcessInfo(
-        pid=p.pid,
-        handle=p.handle,
-        command=p.command,
-        running=(code is None and p.is_running()) if running is None else running,
-        exit_code=code,
-    )
-
-
 @router.post(
     "/v1/sandboxes/{id}/processes",
     operation_id="startProcess",
@@ -136,7 +125,7 @@ def list_processes(ctx: Ctx, id: SandboxId) -> ProcessList:
     responses=errors("400", "401", "404", "409", "502"),
 )
 def get_process(ctx: Ctx, id: SandboxId, pid: Pid) -> ProcessInfo:
-    return _info(ctx.cache.get(id).commands.connect(pid))
+    return ctx.cache.get(id).commands.connect(pid).info()
 
 
 @router.get(
@@ -187,7 +176,7 @@ def read_process_logs(
     summary="Write the raw body to the command's stdin",
     status_code=204,
     response_class=Response,
-    responses={204: {"description": "Written."}, **errors("400", "401", "404", "409", "413", "502")},
+    responses={204: {"description": "Written."}, **errors("400", "401", "404", "409", "411", "413", "502")},
     openapi_extra=RAW_REQUEST,
 )
 async def write_process_stdin(ctx: Ctx, request: Request, id: SandboxId, pid: Pid) -> Response:
@@ -250,4 +239,4 @@ def kill_process(
 ) -> ProcessInfo:
     p = ctx.cache.get(id).commands.connect(pid)
     p.kill(body.signal)
-    return _info(p)
+    return p.info()

@@ -9,7 +9,7 @@ import builtins
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from ..models import (
     DEFAULT_CPUS,
@@ -23,6 +23,8 @@ from ..models import (
     SandboxRecord,
     SandboxStatus,
     SnapshotInfo,
+    VolumeInfo,
+    VolumeMount,
 )
 
 if TYPE_CHECKING:
@@ -75,6 +77,8 @@ class ProcessLike(Protocol):
     def exit_code(self) -> int | None: ...
 
     def is_running(self) -> bool: ...
+
+    def info(self) -> ProcessInfo: ...
 
     def wait(self, timeout: float | None = None) -> int: ...
 
@@ -155,6 +159,29 @@ class SandboxLike(Protocol):
     def close(self) -> None: ...
 
 
+class VolumesLike(Protocol):
+    """The host's named volumes (``sandbox_rt.volumes.VolumeStore``)."""
+
+    def create(self, name: str) -> VolumeInfo: ...
+
+    def ensure(self, name: str) -> None: ...
+
+    def get(self, name: str, *, size: bool = True) -> VolumeInfo: ...
+
+    def list(self, *, size: bool = False) -> builtins.list[VolumeInfo]: ...
+
+    def remove(self, name: str) -> None: ...
+
+
+@runtime_checkable
+class VolumeRuntime(Protocol):
+    """A runtime with named volumes (``sandbox_rt.Manager``; on PVE its ``volumes`` raises a
+    ConfigError saying why there are none)."""
+
+    @property
+    def volumes(self) -> VolumesLike: ...
+
+
 class ManagerLike(Protocol):
     def create(
         self,
@@ -175,6 +202,7 @@ class ManagerLike(Protocol):
         root: bool = False,
         template: str | None = None,
         from_snapshot: str | None = None,
+        volumes: Sequence[VolumeMount] | None = None,
     ) -> SandboxLike: ...
 
     def templates(self) -> builtins.list[str]: ...
@@ -195,6 +223,9 @@ class ManagerLike(Protocol):
 if TYPE_CHECKING:  # mypy proves the real classes fit the protocols
 
     def _manager_fits(m: Manager) -> ManagerLike:
+        return m
+
+    def _volumes_fit(m: Manager) -> VolumeRuntime:
         return m
 
     def _stream_fits(s: ExecStream) -> ExecStreamLike:

@@ -21,6 +21,7 @@ from ..models import (
     DEFAULT_TEMPLATE,
     EntryInfo,
     SnapshotInfo,
+    VolumeInfo,
 )
 from ..validation import (
     MAX_DISK_GB,
@@ -30,8 +31,10 @@ from ..validation import (
     MAX_TTL_S,
     MIN_MEMORY_MB,
     MIN_PIDS_MAX,
+    NODE_NAME,
     TEMPLATE_NAME,
 )
+from ..volumes.checks import ABSOLUTE_PATH, MAX_MOUNTS, MAX_PATH, MOUNT_PATH, RELATIVE_PATH, VOLUME_NAME
 from .kinds import Kind, exact
 
 SANDBOX_ID_PATTERN = exact("sbx-[0-9a-f]{10}")
@@ -50,6 +53,8 @@ NO_NUL_PATTERN = "^[^\\x00]*" + _END  # the runtime refuses NUL in what reaches 
 ABSOLUTE_PATH_PATTERN = "^/[^\\x00]*" + _END
 # a command that is not only ASCII blanks (sandbox_rt.execution.COMMAND_BLANKS) and has no NUL
 COMMAND_PATTERN = "^(?=[\\s\\S]*[^ \\t\\n\\r\\f\\v])[^\\x00]*" + _END
+VOLUME_NAME_PATTERN = exact(VOLUME_NAME.pattern)
+MOUNT_PATH_PATTERN = exact(MOUNT_PATH.pattern)
 BASE64_PATTERN = exact("(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
 
 
@@ -133,6 +138,32 @@ class RequestBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class VolumeSource(RequestBody):
+    """What is mounted at one mount path: a named volume or an allowed host directory."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"oneOf": [{"required": ["volume"]}, {"required": ["host_path"]}]},
+    )
+
+    volume: Annotated[Any, Kind("string", pattern=VOLUME_NAME_PATTERN)] = Field(
+        default=None, description="A named volume (GET /v1/volumes); 404 if there is none."
+    )
+    host_path: Annotated[Any, Kind("string", maxLength=MAX_PATH, pattern=exact(ABSOLUTE_PATH.pattern))] = (
+        Field(
+            default=None,
+            description="A host directory under one the host allows (volume_host_dirs); 403 outside them "
+            "or through a symbolic link, 404 if it is not there.",
+        )
+    )
+    sub_path: Annotated[
+        Any, Kind("string", nullable=True, maxLength=MAX_PATH, pattern=exact(RELATIVE_PATH.pattern))
+    ] = Field(default=None, description="Mount this directory inside the source instead (made in a volume).")
+    read_only: Annotated[Any, Kind("boolean")] = Field(
+        default=False, description="Refuse every write, root's too."
+    )
+
+
 class CreateSandboxRequest(RequestBody):
     """The arguments of sandbox_rt.Manager.create(); every field is optional."""
 
@@ -187,6 +218,21 @@ class CreateSandboxRequest(RequestBody):
         description=f"Clone this named template (GET /v1/templates; default: {DEFAULT_TEMPLATE!r}); an "
         "unknown name is a 400 naming the known ones. Not with from_snapshot (a fork has its "
         "snapshot's template): 400.",
+    )
+    node: Annotated[Any, Kind("string", nullable=True, pattern=exact(NODE_NAME.pattern))] = Field(
+        default=None,
+        description="Proxmox VE cluster: make it on this node instead of where the placement policy "
+        "puts it (docs/proxmox.md); the served document lists this host's nodes. 400 on a backend "
+        "with one host, for an unknown node or one without the template; not with from_snapshot.",
+    )
+    volumes: dict[str, VolumeSource] | None = Field(
+        default=None,
+        description="Mount path in the sandbox -> what is mounted there (lxc backend): absolute, not "
+        "/ nor a system directory; a mount inside another's path gets its mount point made there.",
+        json_schema_extra={
+            "maxProperties": MAX_MOUNTS,
+            "propertyNames": {"maxLength": MAX_PATH, "pattern": MOUNT_PATH_PATTERN},
+        },
     )
 
 
@@ -367,6 +413,16 @@ class EgressState(Answer):
 
 class SnapshotList(Answer):
     snapshots: list[SnapshotInfo]
+
+
+class VolumeList(Answer):
+    volumes: list[VolumeInfo]
+
+
+class CreateVolumeRequest(RequestBody):
+    name: Annotated[Any, Kind("string", pattern=VOLUME_NAME_PATTERN)] = Field(
+        description="A DNS label; 409 if a volume has it."
+    )
 
 
 class EntryList(Answer):

@@ -4,7 +4,9 @@ module's Manager, with every sandbox still carrying its labels destroyed afterwa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import pytest
 
@@ -21,11 +23,11 @@ def check_prepared() -> None:
 
 
 @contextlib.contextmanager
-def labelled_manager(labels: Mapping[str, str]) -> Iterator[sandbox_rt.Manager]:
-    """``Manager.from_env()``; afterwards every sandbox with ``labels`` (what a failed test left
-    behind) is destroyed, and none may remain."""
+def labelled_manager(labels: Mapping[str, str], **settings: Any) -> Iterator[sandbox_rt.Manager]:
+    """``Manager.from_env()`` (with ``settings`` replaced); afterwards every sandbox with ``labels``
+    (what a failed test left behind) is destroyed, and none may remain."""
     check_prepared()
-    mgr = sandbox_rt.Manager.from_env()
+    mgr = sandbox_rt.Manager(dataclasses.replace(sandbox_rt.Settings.load(), **settings))
     try:
         yield mgr
     finally:

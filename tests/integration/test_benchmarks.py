@@ -28,7 +28,10 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-GROUPS = ("lifecycle", "transfer", "concurrency", "pve", "profile", "neighbours", "frontdoors", "density")
+GROUPS = (
+    "lifecycle", "transfer", "concurrency", "pve", "profile", "neighbours", "frontdoors", "density",
+    "templates", "throughput",
+)  # fmt: skip
 PHASES = ("conntrack", "dns", "connrate", "bandwidth", "odirect", "buffered", "forkstorm", "memory")
 FIGURES = ("exec_rtt", "dns_answer", "fsync", "throughput")
 EXPECTED = {
@@ -57,6 +60,12 @@ EXPECTED = {
     },
     "concurrency": {"concurrent_create_n5", "raw_concurrent_create_n5"},
     "density": {"density_create_n10", "density_exec_true_n10"},
+    "templates": {"template_build", "template_cache_hit", "create_from_built", "create_from_default"},
+    "throughput": {
+        f"{side}throughput_t4_{step}"
+        for side in ("", "raw_")
+        for step in ("create", "exec", "destroy", "cycle")
+    },
     "frontdoors": {
         "exec_true",
         "http_exec_json",
@@ -138,6 +147,10 @@ def test_ratios_are_the_quotients_of_the_two_medians(run: dict[str, Any]) -> Non
             ours, base = measures[c["measure"]], measures[c["baseline"]]
             if c["kind"] == "throughput":
                 expected = ours["mb_per_s"] / base["mb_per_s"]
+            elif c["kind"] == "p99":
+                expected = ours["p99_ms"] / base["p99_ms"]
+            elif c["kind"] == "rate":
+                expected = ours["rate_per_s"] / base["rate_per_s"]
             else:
                 assert c["kind"] == "time", c
                 expected = ours["median_ms"] / base["median_ms"]
@@ -189,6 +202,28 @@ def test_density_reached_n_alive_all_answering_and_leaked_nothing(run: dict[str,
     assert row["runtime_fds"] > 0 and row["runtime_threads"] > 0 and row["runtime_rss_mb"] > 0
     assert _close(row["create_per_s"], row["created"] / row["fill_s"])
     assert _close(group["measures"]["density_create_n10"]["sandboxes_per_s"], row["create_per_s"])
+
+
+def test_throughput_cycles_ran_without_failures_or_leaks(run: dict[str, Any]) -> None:
+    group = run["data"]["groups"]["throughput"]
+    assert run["data"]["meta"]["options"]["throughput"] == [4]
+    [row] = group["facts"]["by_t"]
+    assert row["threads"] == 4
+    for side, prefix in (("ours", "throughput_t4"), ("raw", "raw_throughput_t4")):
+        f = row[side]
+        assert f["failures"] == 0, f["failure_detail"]
+        assert f["leaked"] == 0, f["leak_detail"]
+        assert f["swept_late"] == [], side
+        assert f["cycles_in_window"] >= 1 and f["cycles_total"] >= f["cycles_in_window"], f
+        assert _close(f["cycles_per_s"], f["cycles_in_window"] / f["window_s"]), f
+        cycle = group["measures"][f"{prefix}_cycle"]
+        assert _close(cycle["rate_per_s"], f["cycles_per_s"]), side
+        for step in ("create", "exec", "destroy"):
+            m = group["measures"][f"{prefix}_{step}"]
+            assert m["n"] == cycle["n"] and m["p90_ms"] <= m["p99_ms"] <= m["max_ms"], (side, step)
+            assert m["median_ms"] < cycle["median_ms"], (side, step)  # each step is part of its cycle
+    kinds = {(c["measure"], c["kind"]) for c in group["comparisons"]}
+    assert {("throughput_t4_cycle", "rate"), ("throughput_t4_create", "p99")} <= kinds
 
 
 def test_api_overhead_is_pve_minus_lxc(run: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ Bounded and tidy on a real host:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -77,9 +78,11 @@ def _cleanup(manager: sandbox_rt.Manager, ids: list[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def run() -> Iterator[Run]:
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     check_prepared()
-    manager = sandbox_rt.Manager.from_env()
+    # the volumes the fuzzer makes live in a scratch directory, gone with the run
+    settings = dataclasses.replace(sandbox_rt.Settings.load(), volume_dir=tmp_path_factory.mktemp("volumes"))
+    manager = sandbox_rt.Manager(settings)
     created: list[str] = []
     try:
         sb = manager.create(cpus=1, memory_mb=512, labels=LABEL, ttl_s=1800, detached=True)

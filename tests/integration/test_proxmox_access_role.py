@@ -346,3 +346,17 @@ def test_lost_secret_stops_the_role_unless_rotation_is_allowed(tmp_path: Path) -
         assert err.value.status_code == 401
         assert {e for e in acl_entries(server.root) if e[2] in (USER, TOKENID)} == WANTED_ACLS
         assert_clean(run_play(server), "the run after the rotation")
+
+
+def test_node_audit_is_opt_in_and_taken_back(prepared: tuple[Server, Run]) -> None:
+    """proxmox_access_node_audit: true grants the audit role on /nodes, propagated (a cluster's
+    placement by free memory, docs/proxmox.md section 8); the default run removes it again."""
+    server, _first = prepared
+    root = server.root
+    node_audit = {("/nodes", kind, ugid, "SandboxRuntimeAudit", 1) for kind, ugid in SUBJECTS}
+    granted = run_play(server, "-e", "proxmox_access_node_audit=true")
+    assert granted.returncode == 0 and granted.total("failed") == 0, granted.tail()
+    assert {e for e in acl_entries(root) if e[2] in (USER, TOKENID)} == WANTED_ACLS | node_audit
+    taken_back = run_play(server)
+    assert taken_back.returncode == 0 and taken_back.total("failed") == 0, taken_back.tail()
+    assert {e for e in acl_entries(root) if e[2] in (USER, TOKENID)} == WANTED_ACLS

@@ -82,6 +82,9 @@ class FakeProcess:
     def is_running(self) -> bool:
         return self.code is None
 
+    def info(self) -> ProcessInfo:
+        return ProcessInfo(self.pid, self.handle, self.command, self.code is None, self.code)
+
     def wait(self, timeout: float | None = None) -> int:
         if self.code is None:
             raise CommandTimeout(self.command, timeout or 0.0, self.out, self.err)

@@ -20,8 +20,10 @@ import errno
 import os
 import posixpath
 import secrets
+import shutil
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -56,6 +58,7 @@ from sandbox_rt.validation import (
     check_egress,
     check_env,
     check_max_bytes,
+    check_node_name,
     check_remote_path,
     check_sandbox_id,
     check_signal,
@@ -64,6 +67,8 @@ from sandbox_rt.validation import (
     check_user,
     make_spec,
 )
+from sandbox_rt.volumes import VolumeStore
+from sandbox_rt.volumes.store import open_host_source
 from tests.http_contract import Steering, call_and_check, examples_per_operation, load_published_schema
 
 EXAMPLES = examples_per_operation(25)  # per operation and mode; the whole file stays well under a minute
@@ -72,6 +77,7 @@ TEMPLATES = ("default", "base")
 PLAIN = "sbx-00000c0ffe"  # seeded sandboxes: a plain one and one made with root=True
 ROOTED = "sbx-0000000b0b"
 SNAPSHOT = "base_env"  # a seeded snapshot of PLAIN
+VOLUME = "seed-vol"  # a seeded named volume
 RUNNING_PID, ENDED_PID = 100, 101  # seeded background commands of each seeded sandbox
 FAST_TIMEOUT_S = 0.01  # a command given less than this runs past its timeout (504 / an error event)
 SEED_TREE: dict[str, bytes | None] = {  # None: a directory
@@ -194,6 +200,9 @@ class ContractProcess:
 
     def is_running(self) -> bool:
         return self.code is None
+
+    def info(self) -> ProcessInfo:
+        return ProcessInfo(self.pid, self.handle, self.command, self.code is None, self.code)
 
     def wait(self, timeout: float | None = None) -> int:
         if timeout is not None and check_timeout(timeout) is not None and self.code is None:
@@ -391,15 +400,27 @@ class ContractManager(FakeManager):
     """A FakeManager that validates like Manager.create/snapshot/delete_snapshot and keeps a spec, a file
     tree and the snapshots; ``reset()`` puts the seeded state back (and forgets everything else)."""
 
-    def __init__(self) -> None:
+    def __init__(self, volume_root: Path) -> None:
         super().__init__()
+        # the real volume store, on a scratch directory: as strict as the runtime's
+        self.volume_root = volume_root
+        self.volumes = VolumeStore(volume_root, owner=os.getuid(), users=self._volume_users)
         self.specs: dict[str, SandboxSpec] = {}
         self.trees: dict[str, MemFiles] = {}
         self.snapshots: dict[str, SnapshotInfo] = {}
         self.processes: dict[str, dict[int, ContractProcess]] = {}
         self.reset()
 
+    def _volume_users(self) -> dict[str, tuple[str, ...]]:
+        users: dict[str, list[str]] = {}
+        for sid, spec in self.specs.items():
+            for mount in spec.volumes:
+                if mount.volume is not None:
+                    users.setdefault(mount.volume, []).append(sid)
+        return {name: tuple(ids) for name, ids in users.items()}
+
     def reset(self) -> None:
+        shutil.rmtree(self.volume_root, ignore_errors=True)
         self.boxes.clear()
         self.specs.clear()
         self.trees.clear()
@@ -407,6 +428,7 @@ class ContractManager(FakeManager):
         for sid, root in ((PLAIN, False), (ROOTED, True)):
             self._add(sid, make_spec(labels={"seed": "yes"}, ttl_s=3600, root=root, host_cpus=HOST_CPUS))
         self.snapshots = {SNAPSHOT: SnapshotInfo(SNAPSHOT, PLAIN, 1.5e9, "fake", 4096, "default")}
+        self.volumes.create(VOLUME)
 
     def _add(self, sid: str, spec: SandboxSpec) -> None:
         self.boxes[sid] = Container(sid, {}, internet=spec.internet)
@@ -418,6 +440,10 @@ class ContractManager(FakeManager):
         }
 
     def create(self, **kwargs: Any) -> ContractSandbox:
+        node = kwargs.pop("node", None)
+        if node is not None:  # what Manager says on a backend with one host
+            check_node_name(node)
+            raise ConfigError("the fake backend runs on one host: node= does not apply")
         template, name = kwargs.pop("template", None), kwargs.pop("from_snapshot", None)
         if template is not None and name is not None:
             raise ConfigError("template= and from_snapshot= do not go together")
@@ -429,6 +455,11 @@ class ContractManager(FakeManager):
         spec = make_spec(**kwargs, template="default" if template is None else template, host_cpus=HOST_CPUS)
         if spec.template not in TEMPLATES:
             raise ConfigError(f"unknown template {spec.template!r}; this host has: {', '.join(TEMPLATES)}")
+        for mount in spec.volumes:  # what Manager checks before anything is made (no host dir allowed)
+            if mount.volume is not None:
+                os.close(self.volumes.open_source(mount))
+            else:
+                os.close(open_host_source(mount, []))
         sid = "sbx-" + secrets.token_hex(5)
         self._add(sid, spec)
         self.created.append(kwargs)
@@ -486,8 +517,8 @@ class Contract:
 
 
 @pytest.fixture(scope="module")
-def contract() -> Iterator[Contract]:
-    manager = ContractManager()
+def contract(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contract]:
+    manager = ContractManager(tmp_path_factory.mktemp("volumes"))
     with ApiServer(manager, token=TOKEN, port=0) as server:
         yield Contract(manager, server)
 
@@ -500,6 +531,7 @@ def published_schema(contract: Contract) -> BaseSchema:
         file_paths=lambda: tuple(SEED_TREE),
         templates=lambda: TEMPLATES,
         pids=lambda: (RUNNING_PID, ENDED_PID),
+        volume_names=lambda: (VOLUME,),
     )
     return load_published_schema(contract.server.url, TOKEN, steer, max_examples=EXAMPLES, request_timeout=10)
 

@@ -11,12 +11,13 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sandbox_rt"
 
 # lowest first: a module may import its own layer and lower ones only
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core", ("errors", "caps", "limits", "models", "validation", "config", "filelock", "ipam", "logs")),
+    ("core", ("errors", "caps", "limits", "models", "validation", "config", "filelock", "ipam", "logs",
+              "volumes")),
     ("engines", ("ssh", "backends")),
     ("runtime", ("execution", "files", "download", "pty", "forward", "commands", "background", "sandbox",
-                 "pool", "manager", "terminal")),
-    ("front doors", ("aio", "remote", "web", "http_openapi", "http_api", "api", "cli", "__main__",
-                     "__init__")),
+                 "pool", "manager", "terminal", "templates")),
+    ("front doors", ("aio", "remote", "web", "http_openapi", "http_api", "api", "cli", "cli_volumes",
+                     "cli_template", "__main__", "__init__")),
 ]  # fmt: skip
 
 

@@ -213,8 +213,10 @@ def test_cli_takes_template_and_lists_them() -> None:
     assert args.template == "base"
     assert _parser().parse_args(["run", "--", "true"]).template is None
     assert _parser().parse_args(["template", "ls"]).action == "ls"
+    removing = _parser().parse_args(["template", "rm", "base"])  # issue 27: build and rm joined ls
+    assert (removing.action, removing.target) == ("rm", "base")
     with pytest.raises(SystemExit):
-        _parser().parse_args(["template", "rm"])
+        _parser().parse_args(["template", "frobnicate"])
 
 
 def test_remote_create_sends_template_only_when_given() -> None:

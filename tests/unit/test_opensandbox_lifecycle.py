@@ -332,7 +332,45 @@ def test_network_policy_becomes_internet_and_egress(
             "allow 'pypi.org' alone cannot be enforced",
         ),
         ({"networkPolicy": {"defaultAction": "block"}}, 'must be "allow" or "deny"'),
-        ({"volumes": [{"name": "v", "mountPath": "/data", "pvc": {"claimName": "v"}}]}, "not supported yet"),
+        (
+            {"volumes": [{"name": "v", "mountPath": "/d", "ossfs": {"bucket": "b"}}]},
+            "object storage mounts are not supported",
+        ),
+        (
+            {
+                "volumes": [
+                    {"name": "v", "mountPath": "/d", "pvc": {"claimName": "v"}, "host": {"path": "/x"}}
+                ]
+            },
+            "exactly one of 'host' and 'pvc'",
+        ),
+        (
+            {
+                "volumes": [
+                    {
+                        "name": "v",
+                        "mountPath": "/d",
+                        "pvc": {"claimName": "v", "deleteOnSandboxTermination": True},
+                    }
+                ]
+            },
+            "volumes here outlive sandboxes",
+        ),
+        ({"volumes": [{"name": "v", "mountPath": "/etc", "pvc": {"claimName": "v"}}]}, "system directory"),
+        ({"volumes": [{"name": "v", "mountPath": "/d", "pvc": {"claimName": "Bad_Name"}}]}, "claimName"),
+        (
+            {"volumes": [{"name": "v", "mountPath": "/d", "pvc": {"claimName": "v"}, "subPath": "../up"}]},
+            "'..' is not allowed",
+        ),
+        (
+            {
+                "volumes": [
+                    {"name": "v", "mountPath": "/a", "pvc": {"claimName": "v"}},
+                    {"name": "v", "mountPath": "/b", "pvc": {"claimName": "w"}},
+                ]
+            },
+            "not unique",
+        ),
         ({"extensions": {"poolRef": "p"}}, "no extensions"),
         ({"secureAccess": True}, "secureAccess"),
         ({"platform": {"os": "windows", "arch": "amd64"}}, "cannot be satisfied"),

@@ -35,7 +35,13 @@ EXPECTED = {
     "Settings",
     "SnapshotInfo",
     "SnapshotNotFound",
+    "VolumeInfo",
+    "VolumeMount",
+    "VolumeNotAllowed",
+    "VolumeNotFound",
     "StateConflict",
+    "Template",
+    "TemplateBuildError",
     "__version__",
     "remote",
 }

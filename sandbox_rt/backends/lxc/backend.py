@@ -28,6 +28,7 @@ from ...errors import BackendError, SandboxNotFound, StateConflict
 from ...ipam import IpPool, mac_for_ip
 from ...models import DEFAULT_TEMPLATE, ResourceUsage, SandboxRecord, SandboxSpec, SnapshotInfo
 from ...validation import SANDBOX_ID
+from ...volumes import VolumeStore
 from ..base import GcCandidate
 from ..intents import CreateMarkers
 from ..owner import owner_alive, process_start_time
@@ -60,6 +61,7 @@ from .identity import Overlay, hosts_file, seed_identity
 from .idmap import ID_RANGE, idmapped_bind, isolated_base, own_ids, unmount
 from .netstate import NetState, SandboxNet
 from .snapshots import SnapshotStore, fill_clone
+from .volumes import attach_volumes, detach_volumes, mount_entries
 
 __all__ = ["LxcBackend"]
 
@@ -85,6 +87,8 @@ _LIMIT_KEYS = tuple(k for k in _OURS if k.startswith("lxc.cgroup"))  # the limit
 _ISOLATION_KEYS = ("lxc.idmap", "lxc.rootfs.path")  # replaced per clone with isolated id maps
 # states of a container that has processes: running, paused (frozen) or on its way there
 _LIVE = ("running", "frozen", "freezing")
+# how long counting a volume's bytes may take (``volume ls``/``show``), like a sandbox's disk usage
+VOLUME_SIZE_BUDGET_S = 1.0
 LOWER_MOUNT = "lower"  # <container dir>/lower: the template's root, idmapped, while the clone starts
 
 
@@ -141,7 +145,7 @@ class LxcBackend:
         self.settings.check_template(template)
         if template == DEFAULT_TEMPLATE:
             return self.path / self.settings.template
-        return self.path / self.settings.templates[template]
+        return self.path / self.settings.lxc_templates()[template]
 
     def _template_rootfs(self, template: str) -> Path:
         value = config_value(config_lines(self._template_dir(template)), "lxc.rootfs.path") or ""
@@ -217,6 +221,7 @@ class LxcBackend:
                 f"lxc.net.0.veth.pair = sbx{sandbox_id[4:]}",
                 *limits,
                 *([f"lxc.environment = {ROOT_ENV}"] if spec.root else []),
+                *mount_entries(cdir, spec.volumes),
             ]
             replace_config(cdir, [*lines, *extra])
 
@@ -258,14 +263,23 @@ class LxcBackend:
         log = cdir / "start.log"
         lower = cdir / LOWER_MOUNT
         isolated = rootfs_dirs(cdir)[0] == lower
+        spec = self._read_record(sandbox_id)[0].spec
+        base = id_base(cdir, self.settings.idmap_base)
         try:
             if isolated:  # the template's root, seen with this sandbox's ids, while LXC mounts the overlay
                 try:
-                    name = self._read_record(sandbox_id)[0].spec.template
-                    template, base = self._template_rootfs(name), id_base(cdir, self.settings.idmap_base)
+                    template = self._template_rootfs(spec.template)
                     idmapped_bind(template, lower, inner=self.settings.idmap_base, outer=base)
                 except OSError as exc:
                     raise BackendError(f"cannot map the template's ids: {exc}", step="start") from exc
+            attach_volumes(
+                cdir,
+                spec.volumes,
+                store=self.volume_store(),
+                host_dirs=self.settings.volume_host_dirs,
+                idmap=(self.settings.idmap_base, base) if base != self.settings.idmap_base else None,
+                root_uid=base,
+            )
             self._lxc("lxc-start", "-n", sandbox_id, f"--logfile={log}", "--logpriority=ERROR", step="start")
         except BackendError as exc:
             with contextlib.suppress(OSError):
@@ -277,7 +291,36 @@ class LxcBackend:
             if isolated:  # the overlay holds its own clone of the layer: the host's mount can go
                 with contextlib.suppress(OSError):
                     unmount(lower)
+            detach_volumes(cdir)  # the sandbox's namespace holds its own copies
         return self.get(sandbox_id)  # the host key was pinned before start (written by clone)
+
+    # -- volumes (sandbox_rt/volumes; mounted at start by volumes.py) ------------------------------
+    def volume_store(self) -> VolumeStore:
+        """The host's named volumes; their files start owned by the template range's sandbox user."""
+        return VolumeStore(
+            self.settings.volume_dir,
+            owner=self.settings.idmap_base + self._sandbox_uid(),
+            users=self._volume_users,
+            measure=lambda path: tree_bytes(path, budget_s=VOLUME_SIZE_BUDGET_S),
+        )
+
+    def _sandbox_uid(self) -> int:
+        """The uid of the sandbox user (``ssh_user``) in the default template (1000 if unreadable)."""
+        passwd = self._template_rootfs(DEFAULT_TEMPLATE) / "etc" / "passwd"
+        with contextlib.suppress(OSError, ValueError):
+            for line in passwd.read_text().splitlines():
+                fields = line.split(":")
+                if len(fields) >= 3 and fields[0] == self.settings.ssh_user:
+                    return int(fields[2])
+        return 1000
+
+    def _volume_users(self) -> dict[str, tuple[str, ...]]:
+        users: dict[str, list[str]] = {}
+        for record in self.list():
+            for mount in record.spec.volumes:
+                if mount.volume is not None:
+                    users.setdefault(mount.volume, []).append(record.id)
+        return {name: tuple(dict.fromkeys(ids)) for name, ids in users.items()}
 
     def stop(self, sandbox_id: str) -> None:
         if self.state(sandbox_id) in _LIVE:  # lxc-stop thaws a paused one as it kills it
@@ -357,6 +400,7 @@ class LxcBackend:
             if existed:
                 with contextlib.suppress(OSError):  # a start that died half-way may leave it mounted
                     unmount(cdir / LOWER_MOUNT)
+                detach_volumes(cdir)  # never delete the dir with a volume still mounted in it
                 if self.state(sandbox_id) != "stopped":
                     proc = self._lxc("lxc-stop", "-n", sandbox_id, "-k", step="destroy", check=False)
                     if proc.returncode != 0 and self.state(sandbox_id) in _LIVE:

@@ -33,6 +33,7 @@ from .container import id_base
 __all__ = [
     "ID_RANGE",
     "IdMapUnsupported",
+    "bind_beneath",
     "idmap_base_for",
     "idmapped_bind",
     "shift_owners",
@@ -48,6 +49,7 @@ _AT_FDCWD = -100
 _AT_EMPTY_PATH = 0x1000
 _OPEN_TREE_CLONE = 1
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 _MOUNT_ATTR_IDMAP = 0x00100000
 _MNT_DETACH = 2
 _USERNS_START_TIMEOUT_S = 10.0  # unshare --user entering its namespace, on a very busy host
@@ -149,35 +151,60 @@ def _userns_fd(inner: int, outer: int, count: int) -> int:
 def idmapped_bind(src: Path, dst: Path, *, inner: int, outer: int, count: int = ID_RANGE) -> None:
     """Mount ``src`` at ``dst`` (an existing empty dir) so that files owned by host ids
     ``inner .. inner+count-1`` appear owned by ``outer ..`` (writes map back the same way)."""
-    ns_fd = _userns_fd(inner, outer, count)
+    tree = _check(
+        _libc.syscall(_NR_OPEN_TREE, _AT_FDCWD, os.fsencode(src), _OPEN_TREE_CLONE | os.O_CLOEXEC),
+        "open_tree",
+        src,
+    )
     try:
-        tree = _check(
-            _libc.syscall(_NR_OPEN_TREE, _AT_FDCWD, os.fsencode(src), _OPEN_TREE_CLONE | os.O_CLOEXEC),
-            "open_tree",
-            src,
-        )
-        try:
-            attr = _MountAttr(_MOUNT_ATTR_IDMAP, 0, 0, ns_fd)
+        _attach(tree, src, dst, idmap=(inner, outer, count), flags=0)
+    finally:
+        os.close(tree)
+
+
+def bind_beneath(fd: int, dst: Path, *, idmap: tuple[int, int] | None, read_only: bool) -> None:
+    """Mount the directory open as ``fd`` (found without following links: see volumes.py) at ``dst``,
+    ``nosuid``/``nodev``, read-only if asked, its ids shifted by ``idmap`` (inner, outer) if given.
+
+    Cloned from the fd, not from a path, so nothing can swap a link in between. A sandbox that
+    gets the mount through LXC's bind cannot lift the read-only flag: the kernel locks the flags
+    of mounts copied into a less privileged mount namespace."""
+    where = Path(f"/proc/self/fd/{fd}")
+    tree = _check(
+        _libc.syscall(_NR_OPEN_TREE, fd, b"", _AT_EMPTY_PATH | _OPEN_TREE_CLONE | os.O_CLOEXEC),
+        "open_tree",
+        where,
+    )
+    try:
+        flags = _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | (_MOUNT_ATTR_RDONLY if read_only else 0)
+        _attach(tree, where, dst, idmap=(*idmap, ID_RANGE) if idmap else None, flags=flags)
+    finally:
+        os.close(tree)
+
+
+def _attach(tree: int, src: Path, dst: Path, *, idmap: tuple[int, int, int] | None, flags: int) -> None:
+    """Set ``flags`` (and the idmapping) on a detached mount ``tree`` and move it to ``dst``."""
+    ns_fd = _userns_fd(*idmap) if idmap else -1
+    try:
+        if idmap or flags:
+            attr = _MountAttr(flags | (_MOUNT_ATTR_IDMAP if idmap else 0), 0, 0, max(ns_fd, 0))
             result = _libc.syscall(
                 _NR_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)
             )
-            if result < 0 and ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            if result < 0 and idmap and ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                 raise IdMapUnsupported(
                     f"this kernel cannot make an idmapped mount of {src} ({os.strerror(ctypes.get_errno())})",
                     step="start",
                 )
             _check(result, "mount_setattr", src)
-            _check(
-                _libc.syscall(
-                    _NR_MOVE_MOUNT, tree, b"", _AT_FDCWD, os.fsencode(dst), _MOVE_MOUNT_F_EMPTY_PATH
-                ),
-                "move_mount",
-                dst,
-            )
-        finally:
-            os.close(tree)
+        _check(
+            _libc.syscall(_NR_MOVE_MOUNT, tree, b"", _AT_FDCWD, os.fsencode(dst), _MOVE_MOUNT_F_EMPTY_PATH),
+            "move_mount",
+            dst,
+        )
     finally:
-        os.close(ns_fd)
+        if ns_fd >= 0:
+            os.close(ns_fd)
 
 
 def unmount(path: Path) -> bool:

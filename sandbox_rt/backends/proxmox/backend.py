@@ -7,8 +7,10 @@ import functools
 import ipaddress
 import math
 import re
+import threading
 from typing import Any
 
+from ...config import Settings
 from ...errors import (
     BackendError,
     ConfigError,
@@ -21,14 +23,16 @@ from .. import vmids
 from ..base import GcCandidate
 from ..owner import owner_alive
 from ..records import ROOT_ENV, new_record, updated_record
-from .core import pve_bool
+from .core import NodeUnreachable, pve_bool
 from .description import TAG, sandbox_id_tag, tags_of
 from .firewall import PveFirewall
+from .placement import NodeView, cluster_view, rank
 from .snapshots import PveSnapshots
 
 __all__ = ["ProxmoxBackend"]
 
 _EXISTS = re.compile(r"already exists", re.I)
+_STRANDED_ID = re.compile(r"sbx-[0-9a-f]+@\d+")
 _CLONE_ATTEMPTS = 12  # VMIDs tried per clone (each lost race spreads the next pick wider)
 
 
@@ -39,9 +43,17 @@ def _cores(spec: SandboxSpec) -> int:
 
 class ProxmoxBackend(PveFirewall, PveSnapshots):
     """Sandboxes on a Proxmox VE host or cluster (the API calls: core.py; the CT firewall:
-    firewall.py; snapshots: snapshots.py)."""
+    firewall.py; snapshots: snapshots.py; where a new one goes: placement.py)."""
 
-    # -- templates -------------------------------------------------------------------------------
+    def __init__(self, settings: Settings, api: Any = None) -> None:
+        super().__init__(settings, api)
+        self._placing_lock = threading.Lock()
+        self._placing: dict[str, tuple[str, int]] = {}  # sandbox id -> (node, MiB) while created
+        self._template_nodes: dict[int, str] = {}  # the node of a template that has one copy
+        # sandbox id -> (spec, pinned node or None, nodes tried) while created (start's retry)
+        self._creating: dict[str, tuple[SandboxSpec, str | None, frozenset[str]]] = {}
+
+    # -- templates and placement -----------------------------------------------------------------
     def _template_vmid(self, template: str) -> int:
         """The VMID of the named template (``default``: the host contract's ``pve_template_vmid``)."""
         self.settings.check_template(template)
@@ -49,19 +61,80 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
             return self.settings.pve_template_vmid
         return self.settings.pve_templates[template]
 
-    def _template_location(self, vmid: int) -> str:
-        if self.settings.pve_node:
-            return self.settings.pve_node
-        if vmid not in self._template_nodes:
-            for r in self._resources():
-                if int(r["vmid"]) == vmid:
-                    self._template_nodes[vmid] = str(r["node"])
-                    break
-            else:
-                raise BackendError(
-                    f"template CT {vmid} not found (or the token may not audit it)", step="clone"
-                )
-        return self._template_nodes[vmid]
+    def _template_vmids(self, template: str) -> builtins.list[int]:
+        """Every copy of the named template: the host contract's VMID, then each node's own copy
+        (``pve_node_templates``); where each one is, /cluster/resources says."""
+        first = self._template_vmid(template)
+        copies = [c[template] for _n, c in sorted(self.settings.pve_node_templates.items()) if template in c]
+        return [first, *copies]
+
+    def _placing_mb(self) -> dict[str, int]:
+        """MiB of the creates in flight in this process, per node (not yet in the node's ``mem``)."""
+        out: dict[str, int] = {}
+        with self._placing_lock:
+            for node, mb in self._placing.values():
+                out[node] = out.get(node, 0) + mb
+        return out
+
+    def _place(self, sandbox_id: str, spec: SandboxSpec, node: str | None) -> builtins.list[NodeView]:
+        """The nodes that may take this sandbox, best first (placement.py). A template with one copy
+        and no node asked for has one place: its node, looked up once (no call per create)."""
+        vmids = self._template_vmids(spec.template)
+        want = node or self.settings.pve_node or None
+        if len(vmids) == 1 and want is None and vmids[0] in self._template_nodes:
+            return [NodeView(self._template_nodes[vmids[0]], True, None, 0, vmids[0])]
+        rows = self._call("clone", lambda: self.api.cluster.resources.get())
+        views = cluster_view(rows, vmids, TAG)
+        if all(v.template_vmid is None for v in views):
+            raise BackendError(
+                f"template CT {', '.join(map(str, vmids))} not found (or the token may not audit it)",
+                step="clone",
+            )
+        ranked = rank(views, template=spec.template, node=want, placing_mb=self._placing_mb())
+        if len(vmids) == 1:
+            self._template_nodes[vmids[0]] = next(v.name for v in views if v.template_vmid is not None)
+        return ranked
+
+    def _clone_placed(
+        self, sandbox_id: str, spec: SandboxSpec, node: str | None, tried: frozenset[str] = frozenset()
+    ) -> SandboxRecord:
+        """Clone on the best node; one that answers 595 is left (what was made there is stranded
+        for gc) and the next one tried, within this call. ``node`` pins it (no other is tried)."""
+        order = [v for v in self._place(sandbox_id, spec, node) if v.name not in tried]
+        failures: builtins.list[str] = []
+        for view in order:
+            assert view.template_vmid is not None  # rank() returns nodes holding the template
+            with self._placing_lock:
+                self._placing[sandbox_id] = (view.name, spec.memory_mb)
+            tried = tried | {view.name}
+            self._creating[sandbox_id] = (spec, node, tried)
+            try:
+                return self._clone_from(sandbox_id, spec, (view.name, view.template_vmid, None))
+            except NodeUnreachable as exc:
+                failures.append(f"{view.name}: {exc}")
+                self._leave_node(sandbox_id, view.name)
+                if node:
+                    raise
+        raise BackendError(
+            "no node could take the sandbox: " + "; ".join(failures or ["no node left to try"]),
+            step="clone",
+        )
+
+    def _leave_node(self, sandbox_id: str, node: str) -> None:
+        """A create moves away from ``node`` (unreachable): remove what it made there if PVE still
+        can, else strand it (gc removes it once the node is back), and forget its VMID."""
+        vmid = (self.markers.read(sandbox_id) or {}).get("vmid")
+        if vmid:
+            try:
+                upid = self._call("destroy", lambda: self._ct(node, int(vmid)).delete(force=1, purge=1))
+                self._wait(str(upid), "destroy")
+            except BackendError:
+                self._strand(sandbox_id, node, int(vmid))
+        self.markers.write(sandbox_id, vmid=None)
+
+    def clone_on(self, sandbox_id: str, spec: SandboxSpec, node: str) -> SandboxRecord:
+        """``clone`` on the named node only (``create(node=...)``)."""
+        return self._clone_placed(sandbox_id, spec, node)
 
     # -- addresses -------------------------------------------------------------------------------
     def _addresses_in_use(self) -> set[str]:
@@ -96,21 +169,25 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
         self.markers.write(sandbox_id, vmid=None)
 
     def end(self, sandbox_id: str) -> None:
+        with self._placing_lock:
+            self._placing.pop(sandbox_id, None)
+        self._creating.pop(sandbox_id, None)
         if not (self.markers.read(sandbox_id) or {}).get("abandoned"):  # that one waits for gc
             self.markers.remove(sandbox_id)
 
     def clone(self, sandbox_id: str, spec: SandboxSpec) -> SandboxRecord:
-        return self._clone_from(sandbox_id, spec, None)
+        return self._clone_placed(sandbox_id, spec, None)
 
     def _clone_from(
-        self, sandbox_id: str, spec: SandboxSpec, snapshot: tuple[str, int, str] | None
+        self, sandbox_id: str, spec: SandboxSpec, source: tuple[str, int, str | None]
     ) -> SandboxRecord:
-        """A linked clone of the template, or with ``snapshot`` (node, vmid, name) a full clone of
-        that CT's snapshot (PVE clones a CT that is not a template only in full)."""
+        """A linked clone of the template CT ``source`` (node, vmid, None), or with a snapshot name
+        (node, vmid, name) a full clone of that CT's snapshot (PVE clones a CT that is not a
+        template only in full)."""
         self._check_egress(spec.egress)  # before anything is made
         self._check_firewall_gate()
-        template_vmid = snapshot[1] if snapshot else self._template_vmid(spec.template)
-        node = snapshot[0] if snapshot else self._template_location(template_vmid)
+        node, template_vmid, snapname = source
+        snapshot = (node, template_vmid, snapname) if snapname else None
         template = self._ct(node, template_vmid)
         draft = new_record(sandbox_id, spec, ip="", host_key="", backend=self.name)
         hostname = draft.hostname
@@ -210,8 +287,17 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
     def start(self, sandbox_id: str) -> SandboxRecord:
         node, vmid = self._find(sandbox_id)
         ct = self._ct(node, vmid)
-        upid = self._retrying("start", lambda: ct.status.start.post(), vmid=vmid)
-        self._wait(str(upid), "start")
+        try:
+            upid = self._retrying("start", lambda: ct.status.start.post(), vmid=vmid)
+            self._wait(str(upid), "start")
+        except NodeUnreachable:
+            creating = self._creating.get(sandbox_id)
+            if creating is None or creating[1]:  # not being made here, or pinned to that node
+                raise
+            spec, _node, tried = creating  # the node went away between clone and start: next node
+            self._leave_node(sandbox_id, node)
+            self._clone_placed(sandbox_id, spec, None, tried)
+            return self.start(sandbox_id)
         return self.get(sandbox_id)
 
     def stop(self, sandbox_id: str) -> None:
@@ -263,7 +349,11 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
 
     def destroy(self, sandbox_id: str) -> bool:
         """Remove the CT. If that fails, the create marker stays, flagged ``abandoned``: ``end``
-        keeps it, so ``gc`` finds the CT later even when it carries no tags yet."""
+        keeps it, so ``gc`` finds the CT later even when it carries no tags yet.
+        ``<id>@<vmid>`` (a gc candidate) is a CT a create of ``<id>`` stranded on a node it could
+        not reach: that CT goes, never the sandbox's own."""
+        if _STRANDED_ID.fullmatch(sandbox_id):
+            return self._destroy_stranded(sandbox_id)
         vmid: int | None = None
         try:
             try:
@@ -287,6 +377,24 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
             raise
         self.markers.remove(sandbox_id)
         return True
+
+    def _destroy_stranded(self, candidate: str) -> bool:
+        sandbox_id, _, vmid_text = candidate.partition("@")
+        vmid = int(vmid_text)
+        entry = self._stranded().get(vmid)
+        if entry is None or entry.get("sandbox_id") != sandbox_id:
+            return False
+        node = str(entry["node"])
+        here = any(int(r["vmid"]) == vmid and str(r["node"]) == node for r in self._resources())
+        if here and self._is_ours((node, vmid), sandbox_id):  # a VMID reused by someone else stays
+            upid = self._retrying("destroy", lambda: self._ct(node, vmid).delete(force=1, purge=1), vmid=vmid)
+            self._wait(str(upid), "destroy")
+        self._unstrand(vmid)
+        return True
+
+    def _offline_nodes(self) -> set[str]:
+        rows = self._call("list", lambda: self.api.cluster.resources.get(type="node"))
+        return {str(r.get("node")) for r in rows if r.get("type") == "node" and r.get("status") != "online"}
 
     def _intent_vmid(self, sandbox_id: str) -> tuple[str, int] | None:
         intent = self.markers.read(sandbox_id)
@@ -334,16 +442,32 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
 
     # -- garbage collection ----------------------------------------------------------------------
     def gc_candidates(self, *, now: float, dead_owners: bool) -> builtins.list[GcCandidate]:
+        """What gc removes; what sits on a node PVE cannot reach now waits for a later gc (its
+        removal would fail with 595 and stop the sweep of the other nodes)."""
         live, found = self.markers.sweep()
         for sid in builtins.list(live):  # a create that returned, but whose cleanup failed
             if (self.markers.read(sid) or {}).get("abandoned"):
                 live.discard(sid)
                 found[sid] = "removal failed earlier"
-        for r in self._ours():
+        offline = self._offline_nodes()
+        resources = self._resources()
+        where = {int(r["vmid"]): str(r["node"]) for r in resources}
+        for sid in builtins.list(found):
+            vmid = (self.markers.read(sid) or {}).get("vmid")
+            if vmid and where.get(int(vmid)) in offline:
+                del found[sid]
+        stranded = self._stranded()
+        for vmid, entry in stranded.items():
+            if str(entry.get("node")) not in offline:
+                why = f"left on node {entry.get('node')} by a create that moved on"
+                found[f"{entry.get('sandbox_id')}@{vmid}"] = why
+        for r in (r for r in resources if TAG in tags_of(r.get("tags"))):
             tags = tags_of(r.get("tags"))
             tag_id = sandbox_id_tag(tags)
-            if tag_id is None or tag_id in found or tag_id in live:
+            if tag_id is None or tag_id in found or tag_id in live or str(r["node"]) in offline:
                 continue
+            if stranded.get(int(r["vmid"]), {}).get("node") == str(r["node"]):
+                continue  # its own candidate above
             sid = tag_id
             exp = next((int(t[4:]) for t in tags if re.fullmatch(r"exp-\d+", t)), None)
             if exp is not None and exp <= now:

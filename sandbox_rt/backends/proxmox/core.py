@@ -27,10 +27,15 @@ from ..owner import process_start_time
 from ..records import spec_from_json, spec_to_json
 from .description import HOSTKEY_PREFIX, RECORD_PREFIX, TAG, host_key_of, parse_record, tags_of
 
-__all__ = ["PveCore", "pve_bool"]
+__all__ = ["NodeUnreachable", "PveCore", "pve_bool"]
 
 T = TypeVar("T")
 _LOCKED = re.compile(r"is locked|got timeout|can't lock file", re.I)
+
+
+class NodeUnreachable(BackendError):
+    """PVE answered 595: the API node cannot reach the node the call was for (it is offline, or its
+    pveproxy is down). Only that node is affected: the placement tries the next one."""
 
 
 def pve_bool(value: bool) -> int:
@@ -51,7 +56,9 @@ class PveCore:
         self.intents = self.state_dir / "creating"
         self.markers = CreateMarkers(self.intents)
         self.task_timeout_s = settings.pve_task_timeout_s
-        self._template_nodes: dict[int, str] = {}  # template VMID -> its node
+        # CTs a create left on a node it could not reach (595) before it moved on to another node:
+        # <vmid>.json {sandbox_id, node, vmid}; never the sandbox's CT, removed by gc once reachable
+        self.stranded_dir = self.state_dir / "stranded"
 
     @staticmethod
     def _connect(s: Settings) -> ProxmoxAPI:
@@ -100,6 +107,8 @@ class PveCore:
                     message += f" {exc.errors}"
                 if exc.status_code == 403:
                     raise PermissionDenied(f"the API token lacks a privilege: {message}", step=step) from exc
+                if exc.status_code == 595:
+                    raise NodeUnreachable(f"595 {message}", step=step) from exc
                 if exc.status_code not in (502, 503, 504):
                     raise BackendError(f"{exc.status_code} {message}", step=step) from exc
                 if attempt == 2:
@@ -189,9 +198,35 @@ class PveCore:
     def _ours(self) -> list[dict[str, Any]]:
         return [r for r in self._resources() if TAG in tags_of(r.get("tags"))]
 
+    def _strand(self, sandbox_id: str, node: str, vmid: int) -> None:
+        """Remember CT ``vmid`` on ``node`` as left behind by a create that moved on (see gc)."""
+        self.stranded_dir.mkdir(parents=True, exist_ok=True)
+        entry = {"sandbox_id": sandbox_id, "node": node, "vmid": vmid}
+        (self.stranded_dir / f"{vmid}.json").write_text(json.dumps(entry))
+
+    def _stranded(self) -> dict[int, dict[str, Any]]:
+        """VMID -> {sandbox_id, node, vmid} of every CT a create left on an unreachable node."""
+        out: dict[int, dict[str, Any]] = {}
+        if self.stranded_dir.is_dir():
+            for f in self.stranded_dir.glob("*.json"):
+                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                    entry = json.loads(f.read_text())
+                    out[int(entry["vmid"])] = entry
+        return out
+
+    def _unstrand(self, vmid: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.stranded_dir / f"{vmid}.json").unlink()
+
     def _find(self, sandbox_id: str) -> tuple[str, int]:
         resources = self._resources()
-        hits = [(str(r["node"]), int(r["vmid"])) for r in resources if sandbox_id in tags_of(r.get("tags"))]
+        stranded = self._stranded()
+        hits = [
+            (str(r["node"]), int(r["vmid"]))
+            for r in resources
+            if sandbox_id in tags_of(r.get("tags"))
+            and stranded.get(int(r["vmid"]), {}).get("node") != str(r["node"])
+        ]
         if not hits:
             raise SandboxNotFound(sandbox_id)
         if len(hits) > 1:  # a fork being made carries its source's tags until its config write

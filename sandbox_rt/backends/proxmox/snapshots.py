@@ -25,7 +25,7 @@ class PveSnapshots(PveCore):
     """The snapshot half of the backend; a fork is made by the backend's clone step."""
 
     def _clone_from(
-        self, sandbox_id: str, spec: SandboxSpec, snapshot: tuple[str, int, str] | None
+        self, sandbox_id: str, spec: SandboxSpec, source: tuple[str, int, str | None]
     ) -> SandboxRecord:
         raise NotImplementedError  # backend.py: the create step both a clone and a fork use
 

@@ -35,7 +35,7 @@ from ...pool import POOL_LABEL
 from ..bodies import strict_query
 from ..errors import HttpError
 from ..params import Ctx, SandboxId, SnapshotName, json_body
-from ..runtime import ManagerLike, quiet_close
+from ..runtime import ManagerLike, VolumeRuntime, quiet_close
 from . import state
 from .lifecycle_models import (
     CreateSandboxBody,
@@ -126,6 +126,11 @@ def create_sandbox(
     body: Annotated[CreateSandboxBody, Depends(json_body(CreateSandboxBody, "create"))],
 ) -> JSONResponse:
     plan = plan_create(body, rt.templates())
+    if plan.new_volumes:
+        if not isinstance(rt, VolumeRuntime):
+            raise HttpError(501, "not_implemented", "this server's runtime has no volumes")
+        for name in plan.new_volumes:
+            rt.volumes.ensure(name)  # pvc.createIfNotExists; it outlives the sandbox
     sb = rt.create(**plan.kwargs)
     try:
         pid = None

@@ -28,6 +28,7 @@ __all__ = [
     "RenewBody",
     "Status",
     "TelemetryBody",
+    "VolumeBody",
     "page_of",
     "rfc3339",
     "sandbox_json",
@@ -54,6 +55,36 @@ class NetworkPolicyBody(_Body):
         default=None, alias="defaultAction"
     )
     egress: list[NetworkRuleBody] | None = None
+
+
+class HostVolumeBody(_Body):
+    path: Annotated[Any, Kind("string", minLength=1)]
+
+
+class PvcBody(_Body):
+    """A named volume (``sandbox-rt volume``); the Kubernetes-only hints are accepted and ignored,
+    as OpenSandbox's Docker runtime does."""
+
+    claim_name: Annotated[Any, Kind("string", minLength=1)] = Field(alias="claimName")
+    create_if_not_exists: Annotated[Any, Kind("boolean")] = Field(default=True, alias="createIfNotExists")
+    delete_on_sandbox_termination: Annotated[Any, Kind("boolean")] = Field(
+        default=False, alias="deleteOnSandboxTermination"
+    )
+    storage_class: Annotated[Any, Kind("string", nullable=True)] = Field(default=None, alias="storageClass")
+    storage: Annotated[Any, Kind("string", nullable=True)] = None
+    access_modes: Annotated[Any, Kind("string_list", nullable=True)] = Field(
+        default=None, alias="accessModes"
+    )
+
+
+class VolumeBody(_Body):
+    name: Annotated[Any, Kind("string", minLength=1)]
+    host: HostVolumeBody | None = None
+    pvc: PvcBody | None = None
+    ossfs: Any = None  # refused when given (see mapping)
+    mount_path: Annotated[Any, Kind("string", minLength=1)] = Field(alias="mountPath")
+    read_only: Annotated[Any, Kind("boolean")] = Field(default=False, alias="readOnly")
+    sub_path: Annotated[Any, Kind("string", nullable=True)] = Field(default=None, alias="subPath")
 
 
 class PlatformBody(_Body):
@@ -86,7 +117,7 @@ class CreateSandboxBody(_Body):
     network_policy: NetworkPolicyBody | None = Field(default=None, alias="networkPolicy")
     credential_proxy: CredentialProxyBody | None = Field(default=None, alias="credentialProxy")
     secure_access: Annotated[Any, Kind("boolean", nullable=True)] = Field(default=None, alias="secureAccess")
-    volumes: Any = None
+    volumes: list[VolumeBody] | None = None
     extensions: Annotated[Any, Kind("string_map", nullable=True)] = None
 
 

@@ -22,9 +22,11 @@ from typing import Any, Literal
 
 from ...errors import ConfigError
 from ...manager import PAUSED_STATES
+from ...models import VolumeMount
 from ...validation import MAX_TTL_S, check_env, make_spec
+from ...volumes import check_mounts, check_volume_name
 from .egress_policy import Rule, to_egress
-from .lifecycle_models import CreateSandboxBody, NetworkPolicyBody, PlatformBody, Status
+from .lifecycle_models import CreateSandboxBody, NetworkPolicyBody, PlatformBody, Status, VolumeBody
 
 __all__ = [
     "MIN_TIMEOUT_S",
@@ -166,6 +168,8 @@ class CreatePlan:
     entrypoint: tuple[str, ...]
     image: str | None
     snapshot_id: str | None
+    # named volumes to make first unless they exist (pvc.createIfNotExists)
+    new_volumes: tuple[str, ...] = ()
 
     @property
     def starts_entrypoint(self) -> bool:
@@ -204,7 +208,6 @@ def plan_create(body: CreateSandboxBody, templates: Sequence[str]) -> CreatePlan
     unsupported = {
         "templateId": (body.template_id, "fsb templates do not exist here: name a template in image.uri"),
         "lifecycle": (body.lifecycle, "lifecycle hooks are not supported"),
-        "volumes": (body.volumes, "volumes are not supported yet"),
         "extensions": (body.extensions, "no extensions are supported"),
     }
     for name, (value, why) in unsupported.items():
@@ -251,7 +254,50 @@ def plan_create(body: CreateSandboxBody, templates: Sequence[str]) -> CreatePlan
     if len(env) > MAX_ENV_VARS or sum(len(k) + len(v) for k, v in env.items()) > MAX_ENV_BYTES:
         raise ConfigError(f"field 'env' is larger than {MAX_ENV_VARS} variables or {MAX_ENV_BYTES >> 10} KiB")
     entrypoint = _check_entrypoint(body.entrypoint) if body.entrypoint is not None else NOOP_ENTRYPOINT
-    return CreatePlan(kwargs, env, entrypoint, image, body.snapshot_id)
+    mounts, new_volumes = plan_volumes(body.volumes or [])
+    if mounts:
+        kwargs["volumes"] = list(mounts)
+    return CreatePlan(kwargs, env, entrypoint, image, body.snapshot_id, new_volumes)
+
+
+def plan_volumes(volumes: Sequence[VolumeBody]) -> tuple[tuple[VolumeMount, ...], tuple[str, ...]]:
+    """``volumes`` as mounts (``pvc``: a named volume, ``host``: a host path the operator allows),
+    and the named volumes to make first; ConfigError naming the entry we cannot honour."""
+    mounts: list[VolumeMount] = []
+    new: list[str] = []
+    names: set[str] = set()
+    for i, v in enumerate(volumes):
+        where = f"volumes[{i}]"
+        try:
+            check_volume_name(v.name)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}.name: {exc}") from None
+        if v.name in names:
+            raise ConfigError(f"{where}.name {v.name!r} is not unique within the sandbox")
+        names.add(v.name)
+        if v.ossfs is not None:
+            raise ConfigError(f"{where}.ossfs: object storage mounts are not supported (use pvc or host)")
+        if (v.host is None) == (v.pvc is None):
+            raise ConfigError(f"{where} must have exactly one of 'host' and 'pvc'")
+        if v.pvc is not None:
+            if v.pvc.delete_on_sandbox_termination:
+                raise ConfigError(
+                    f"{where}.pvc.deleteOnSandboxTermination: volumes here outlive sandboxes; "
+                    "remove one with `sandbox-rt volume rm NAME`"
+                )
+            try:
+                check_volume_name(v.pvc.claim_name)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}.pvc.claimName: {exc}") from None
+            if v.pvc.create_if_not_exists:
+                new.append(v.pvc.claim_name)
+        volume = v.pvc.claim_name if v.pvc is not None else None
+        host_path = v.host.path if v.host is not None else None
+        mounts.append(VolumeMount(v.mount_path, volume, host_path, v.sub_path, v.read_only))
+    try:
+        return check_mounts(mounts), tuple(dict.fromkeys(new))
+    except ConfigError as exc:
+        raise ConfigError(f"volumes: {exc}") from None
 
 
 def expiry_ttl(expires_at: str, now: float) -> int:

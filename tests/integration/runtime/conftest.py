@@ -50,7 +50,8 @@ def settings_environ(settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_RT_")}
     for field in dataclasses.fields(settings):
         value = getattr(settings, field.name)
-        env[f"SANDBOX_RT_{field.name.upper()}"] = json.dumps(value) if isinstance(value, dict) else str(value)
+        as_json = isinstance(value, dict | list)
+        env[f"SANDBOX_RT_{field.name.upper()}"] = json.dumps(value) if as_json else str(value)
     return env
 
 

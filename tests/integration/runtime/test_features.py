@@ -32,12 +32,15 @@ def test_background_process_wait_logs_kill(sandbox: sandbox_rt.Sandbox) -> None:
     bg = sandbox.exec("echo start; sleep 1; echo done >&2; exit 7", background=True)
     assert time.monotonic() - t0 < 2 and bg.pid > 1
     assert bg.wait(timeout=20) == 7
+    ended = bg.info()
+    assert (ended.pid, ended.running, ended.exit_code, ended.command) == (bg.pid, False, 7, bg.command)
     out, err = bg.logs()
     assert out == b"start\n" and err == b"done\n"
     assert bg.logs() == (b"", b"")  # incremental: nothing new
 
     long = sandbox.exec("sleep 300", background=True)
     assert long.is_running()
+    assert (long.info().running, long.info().exit_code) == (True, None)
     with pytest.raises(CommandTimeout):
         long.wait(timeout=0.5)
     long.kill()

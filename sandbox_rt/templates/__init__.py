@@ -1,0 +1,19 @@
+"""Templates from code: a :class:`Template` definition (typed steps) built into a named template by
+``Manager.build_template`` with pyinfra over the runtime's SSH (see ``docs/templates.md``).
+
+Importing this package does not import pyinfra (the ``templates`` extra): only a build does.
+"""
+
+from .build import BuildResult, build_template, list_templates, remove_template
+from .definition import Template
+from .registry import BuiltTemplate, TemplateRegistry
+
+__all__ = [
+    "BuildResult",
+    "BuiltTemplate",
+    "Template",
+    "TemplateRegistry",
+    "build_template",
+    "list_templates",
+    "remove_template",
+]

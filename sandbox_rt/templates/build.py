@@ -1,0 +1,180 @@
+"""``Manager.build_template``: a template definition becomes a named template, all or nothing.
+
+1. The cache: the definition's key (:mod:`.cache`) equals the registered one and its container is
+   there: nothing is done (``skip_cache=True`` builds anyway).
+2. A build sandbox from the base template, with root (``create(root=True)``) and an egress list of
+   the package sources the steps need; the steps run as pyinfra operations over the runtime's own SSH
+   connection (:mod:`.ops`, :mod:`.connector`), each operation's output streamed to ``on_log``.
+3. The sandbox stops; the hardening checks read its delta (:mod:`.checks`); the delta over the base
+   becomes a template container (:mod:`.lxc_store`), recorded in the registry (:mod:`.registry`).
+Any failure or interrupt: the build sandbox is destroyed and no template is recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError, SandboxError, StateConflict
+from ..models import DEFAULT_TEMPLATE
+from ..validation import check_template_name
+from .cache import cache_key
+from .definition import Template
+from .registry import BuiltTemplate, TemplateRegistry
+
+if TYPE_CHECKING:
+    from ..manager import Manager
+
+__all__ = ["BUILD_LABEL", "BuildResult", "build_template", "list_templates", "remove_template", "users_of"]
+
+BUILD_LABEL = "template-build"  # the build sandbox's label (its value: the template's name)
+BUILD_TTL_S = 4 * 3600  # a build sandbox left by a crashed builder is reaped by gc after this
+BUILD_MEMORY_MB = 2048
+Log = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildResult:
+    """What a build made (or found in the cache)."""
+
+    template: BuiltTemplate
+    cached: bool
+    duration_s: float
+
+    @property
+    def name(self) -> str:
+        return self.template.name
+
+
+def _backend_check(manager: Manager) -> None:
+    if manager.settings.backend != "lxc":
+        raise ConfigError(
+            f"building templates from code is not available on backend {manager.settings.backend!r} yet "
+            "(embedded LXC only; Proxmox VE: build with the inventory's template_build_templates)"
+        )
+
+
+def _check_name(manager: Manager, name: str) -> None:
+    check_template_name(name)
+    if name == DEFAULT_TEMPLATE:
+        raise ConfigError(f"{DEFAULT_TEMPLATE!r} is the host's default template, not a name to build")
+    if name in manager.settings.templates:
+        raise ConfigError(f"template {name!r} is the inventory's (host.json templates): choose another name")
+
+
+def users_of(manager: Manager, name: str) -> list[str]:
+    """The sandboxes and snapshots made from template ``name`` (they need its files)."""
+    users = [f"sandbox {r.id}" for r in manager.backend.list() if r.spec.template == name]
+    with contextlib.suppress(ConfigError):  # a backend without snapshots has none
+        users += [f"snapshot {s.name}" for s in manager.list_snapshots() if s.template == name]
+    return users
+
+
+def _refuse_if_used(manager: Manager, name: str, doing: str) -> None:
+    users = users_of(manager, name)
+    if users:
+        shown = ", ".join(users[:10]) + (f" and {len(users) - 10} more" if len(users) > 10 else "")
+        raise StateConflict(f"cannot {doing} template {name!r}: in use by {shown}")
+
+
+def build_template(
+    manager: Manager,
+    template: Template,
+    name: str,
+    *,
+    on_log: Log | None = None,
+    skip_cache: bool = False,
+) -> BuildResult:
+    """Build ``template`` as ``name`` on ``manager``'s host (see the module's docstring)."""
+    from .lxc_store import base_identity, commit_build, remove_container
+
+    if not isinstance(template, Template):
+        raise ConfigError(f"build_template needs a sandbox_rt.Template, not {type(template).__name__}")
+    _backend_check(manager)
+    _check_name(manager, name)
+    log = on_log or (lambda _line: None)
+    settings = manager.settings
+    registry = TemplateRegistry(settings.state_dir)
+    t0 = time.monotonic()
+    settings.check_template(template.base)
+    with registry.building(name):
+        entries = registry.read()
+        key = cache_key(template, base_identity(settings, template.base, entries.get(template.base)))
+        old = entries.get(name)
+        if (
+            old is not None
+            and old.key == key
+            and not skip_cache
+            and (settings.lxc_path / old.container).is_dir()
+        ):
+            log(f"cache hit: {name} is {old.container} (key {key[:12]})")
+            return BuildResult(old, True, time.monotonic() - t0)
+        if old is not None:
+            _refuse_if_used(manager, name, "rebuild")
+        log(f"building {name} from {template.base} ({len(template.steps)} steps, key {key[:12]})")
+        from .ops import apply_steps  # pyinfra: imported only when something is built
+
+        egress = template.egress()
+        log(f"build sandbox egress: {', '.join(egress) or '(none)'}")
+        sandbox = manager.create(
+            root=True,
+            template=template.base,
+            egress=egress,
+            memory_mb=BUILD_MEMORY_MB,
+            ttl_s=BUILD_TTL_S,
+            labels={BUILD_LABEL: name},
+            progress=lambda msg: log(f"build sandbox: {msg}"),
+        )
+        try:
+            apply_steps(sandbox, list(template.steps), log, timeout_s=max(settings.command_timeout_s, 1800.0))
+            log("stopping the build sandbox")
+            sandbox.close()
+            manager.backend.stop(sandbox.id)
+            log("checking hardening controls and storing the template")
+            entry = commit_build(
+                settings,
+                sandbox.id,
+                base=template.base,
+                name=name,
+                key=key,
+                steps=tuple(s.describe() for s in template.steps),
+            )
+        finally:
+            with contextlib.suppress(SandboxError):
+                manager.destroy(sandbox.id)
+        try:
+            replaced = registry.put(entry)
+        except BaseException:  # all or nothing: a stored container no registry names must not stay
+            remove_container(settings, entry.container)
+            raise
+        if replaced is not None and replaced.container != entry.container:
+            remove_container(settings, replaced.container)
+    took = time.monotonic() - t0
+    log(f"built {name} ({entry.container}) in {took:.1f} s")
+    return BuildResult(entry, False, took)
+
+
+def list_templates(manager: Manager) -> list[BuiltTemplate]:
+    """The templates built from code on this host, by name."""
+    return sorted(TemplateRegistry(manager.settings.state_dir).read().values(), key=lambda e: e.name)
+
+
+def remove_template(manager: Manager, name: str) -> BuiltTemplate:
+    """Remove a built template; StateConflict while sandboxes or snapshots use it, ConfigError if
+    there is no built template of that name (the inventory's are site.yml's to remove)."""
+    from .lxc_store import remove_container
+
+    _backend_check(manager)
+    check_template_name(name)
+    registry = TemplateRegistry(manager.settings.state_dir)
+    with registry.building(name):
+        if registry.get(name) is None:
+            raise ConfigError(f"no template named {name!r} was built from code on this host")
+        _refuse_if_used(manager, name, "remove")
+        entry = registry.remove(name)
+        assert entry is not None
+        remove_container(manager.settings, entry.container)
+    return entry
