@@ -188,15 +188,25 @@ class Core:
         that keeps the CTs' config files gets them rewritten."""
         self.sync_config_files()
         if isinstance(self.engine, FirewallProgrammer):
-            self.engine.apply_firewall(render(self.state.data, self.local_node))
+            self.engine.apply_firewall(render(self.state.data, self.engine_nodes))
+
+    @property
+    def engine_nodes(self) -> tuple[str, ...]:
+        """The nodes whose CTs the main engine runs (the local node first; all nodes without an
+        engine of their own: one machine standing in for several nodes)."""
+        return tuple(n for n in self.state.nodes if self.engine_for(n) is self.engine)
 
     def sync_config_files(self) -> None:
-        """pmxcfs: root's hand edits of /etc/pve/lxc/<vmid>.conf on the node (raw lxc.* keys) become
-        the CTs' configs; then the files are written from the state (the node engine only)."""
+        """pmxcfs: root's hand edits of /etc/pve/nodes/<node>/lxc/<vmid>.conf on the node (raw lxc.*
+        keys) become the CTs' configs; then the files are written from the state (the node engine
+        only), for every node it runs the CTs of (/etc/pve/lxc links to the local node's)."""
         if not isinstance(self.engine, ConfigFileBacked):
             return
         with self.state.lock:
-            if self.engine.sync_config_files(self.state.cts, self.local_node):
+            changed = False
+            for node in self.engine_nodes:
+                changed = self.engine.sync_config_files(self.state.cts, node) or changed
+            if changed:
                 self.state.save()
 
     def engine_for(self, node: str) -> Engine:

@@ -82,6 +82,23 @@ def _wait(api: ProxmoxAPI, upid: str) -> None:
     assert status is not None and status["exitstatus"] == "OK", status
 
 
+def _make_ct_template(api: ProxmoxAPI, node: str, vmid: int, bridge: str) -> None:
+    """A CT template at ``vmid`` on ``node``, as site.yml leaves one: outside the pool (the token must
+    not be able to change it)."""
+    _wait(
+        api,
+        api.nodes(node).lxc.post(
+            vmid=vmid,
+            ostemplate="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
+            storage="local-lvm",
+            unprivileged=1,
+            swap=0,
+            net0=f"name=eth0,bridge={bridge},ip=dhcp",
+        ),
+    )
+    api.nodes(node).lxc(vmid).template.post()
+
+
 def real_pve_settings(base: Settings) -> Settings | None:
     """Settings for a real PVE from the environment, or None."""
     if not os.environ.get("SANDBOX_RT_PVE_URL"):
@@ -120,18 +137,7 @@ def pve_test_server(
         root.cluster.firewall.options.put(enable=1)  # else no CT firewall applies (the runtime refuses)
         for vmid in (TEMPLATE_VMID, *named.values()):
             made.append(vmid)
-            _wait(
-                root,
-                root.nodes(NODE).lxc.post(  # outside the pool: the token must not be able to change it
-                    vmid=vmid,
-                    ostemplate="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
-                    storage="local-lvm",
-                    unprivileged=1,
-                    swap=0,
-                    net0=f"name=eth0,bridge={base.bridge},ip=dhcp",
-                ),
-            )
-            root.nodes(NODE).lxc(vmid).template.post()
+            _make_ct_template(root, NODE, vmid, base.bridge)
         settings = dataclasses.replace(
             base,
             backend="proxmox",
@@ -196,18 +202,7 @@ def pve_cluster_test_server(
         )
         root.cluster.firewall.options.put(enable=1)
         for name, vmid in copies.items():
-            _wait(
-                root,
-                root.nodes(name).lxc.post(
-                    vmid=vmid,
-                    ostemplate="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
-                    storage="local-lvm",
-                    unprivileged=1,
-                    swap=0,
-                    net0=f"name=eth0,bridge={base.bridge},ip=dhcp",
-                ),
-            )
-            root.nodes(name).lxc(vmid).template.post()
+            _make_ct_template(root, name, vmid, base.bridge)
         settings = dataclasses.replace(
             base,
             backend="proxmox",

@@ -30,12 +30,13 @@ address are not filtered (none of ours).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from .ctconfig import parse_kv
 
 TABLE = "pve-firewall-emu"
+Nodes = str | Collection[str]  # one node's name, or the names of the nodes one machine stands in for
 _VERDICT = {"ACCEPT": "accept", "DROP": "drop", "REJECT": "reject"}
 
 
@@ -106,11 +107,17 @@ def rate_bytes(config: Mapping[str, Any]) -> int:
         return 0
 
 
-def guests(state: Mapping[str, Any], node: str) -> list[tuple[int, str, str, Mapping[str, Any]]]:
+def _on(ct: Mapping[str, Any], node: Nodes) -> bool:
+    """Whether ``ct`` lives on ``node`` (or on one of those nodes)."""
+    where = ct.get("node")
+    return where == node if isinstance(node, str) else where in node
+
+
+def guests(state: Mapping[str, Any], node: Nodes) -> list[tuple[int, str, str, Mapping[str, Any]]]:
     """(vmid, ip, mac, firewall config) of every CT on ``node`` whose firewall is on."""
     out = []
     for key, ct in sorted(state.get("cts", {}).items(), key=lambda kv: int(kv[0])):
-        if ct.get("node") != node or ct["config"].get("template"):
+        if not _on(ct, node) or ct["config"].get("template"):
             continue
         fw = state.get("firewall", {}).get(key) or {}
         if not int((fw.get("options") or {}).get("enable", 0)):
@@ -133,13 +140,13 @@ def _port_filters(port: str, ip: str, mac: str, opts: Mapping[str, Any]) -> list
     return lines
 
 
-def _rate_limits(state: Mapping[str, Any], node: str) -> tuple[list[str], list[str]]:
+def _rate_limits(state: Mapping[str, Any], node: Nodes) -> tuple[list[str], list[str]]:
     """(into the bridge from a CT's port, out of the bridge to it): ``net0``'s ``rate`` of every
     running CT on ``node`` (tc on PVE, whether or not its firewall is on)."""
     inbound: list[str] = []
     outbound: list[str] = []
     for key, ct in sorted(state.get("cts", {}).items(), key=lambda kv: int(kv[0])):
-        if ct.get("node") != node or ct["config"].get("template"):
+        if not _on(ct, node) or ct["config"].get("template"):
             continue
         rate = rate_bytes(ct["config"])
         if rate:
@@ -149,8 +156,9 @@ def _rate_limits(state: Mapping[str, Any], node: str) -> tuple[list[str], list[s
     return inbound, outbound
 
 
-def render(state: Mapping[str, Any], node: str) -> str:
-    """The whole emulated firewall of ``node`` as one ``nft -f`` transaction."""
+def render(state: Mapping[str, Any], node: Nodes) -> str:
+    """The whole emulated firewall of ``node`` as one ``nft -f`` transaction (a collection of node
+    names: of the CTs of all of them, when one machine stands in for several nodes)."""
     head = [
         f"table inet {TABLE}",
         f"delete table inet {TABLE}",

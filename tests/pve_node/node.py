@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -248,9 +249,12 @@ class PVENode:
             return False
         return Path(f"/proc/{pid}/cmdline").read_bytes().find(b"pve_testserver") >= 0
 
-    def api_start(self, timeout: float = 60) -> dict[str, Any]:
+    def api_start(self, timeout: float = 60, extra_nodes: Sequence[str] = ()) -> dict[str, Any]:
         """Start the PVE API test server for this node (node engine) in the background, unless it
-        runs; returns its info (url, ca_file, token_id ...). Its state survives restarts."""
+        runs; returns its info (url, ca_file, token_id ...). Its state survives restarts.
+
+        ``extra_nodes``: more PVE node names the server serves, all backed by this one node container
+        (a cluster whose nodes share one machine: each node's CTs are its own, by name and VMID)."""
         api = self.spec.api_dir
         info_file = api / "info.json"
         if self.api_running():
@@ -271,7 +275,7 @@ class PVENode:
             "--engine",
             "node",
             "--nodes",
-            self.spec.name,
+            ",".join([self.spec.name, *extra_nodes]),
             "--node-lxc-path",
             str(self.spec.lxc_path),
             "--state",

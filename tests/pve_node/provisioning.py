@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,15 +66,16 @@ class ProvisionedNode:
 
 
 @contextlib.contextmanager
-def provisioned_node(index: int = 0) -> Iterator[ProvisionedNode]:
+def provisioned_node(index: int = 0, extra_api_nodes: Sequence[str] = ()) -> Iterator[ProvisionedNode]:
     """Start node ``index`` (removing what a crashed session left), its API, run ``site.yml``; at
     the end remove it all and assert nothing is left. The run's result is handed over as it is:
-    the tests that use it assert it succeeded."""
+    the tests that use it assert it succeeded. ``extra_api_nodes``: more PVE node names its API
+    serves (:meth:`PVENode.api_start`)."""
     pve = PVENode(spec_for_index(index))
     pve.stop()
     try:
         pve.start()
-        pve.api_start()
+        pve.api_start(extra_nodes=extra_api_nodes)
         yield ProvisionedNode(pve, run_site(pve))
     finally:
         pve.stop()
