@@ -32,6 +32,7 @@ from .models import (
     VolumeMount,
 )
 from .pool import POOL_LABEL, WarmPool
+from .process_limits import raise_open_files_limit
 from .sandbox import Sandbox
 from .ssh import SSHExecutor, load_private_key, parse_public_key
 from .validation import check_node_name, check_sandbox_id, check_snapshot_name, make_spec
@@ -102,6 +103,7 @@ class Manager:
         arguments) ready, so ``create()`` hands one out in milliseconds (see :mod:`sandbox_rt.pool`).
         """
         self.settings = settings or Settings.load()
+        raise_open_files_limit()  # one socket per attached sandbox (sandbox_rt.process_limits)
         self.backend = backend or _make_backend(self.settings)
         if isinstance(ssh_key, paramiko.PKey):
             self._key: paramiko.PKey | None = ssh_key

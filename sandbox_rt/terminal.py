@@ -59,8 +59,11 @@ def attach_terminal(pty: Pty, stdin_fd: int | None = None, stdout_fd: int | None
                     resized[0] = False
                     pty.resize(*local_size())
                 wait = [fd_in] if stdin_open else []
+                poller = select.poll()  # not select(): any fd number works
+                for watched in (*wait, pty.fileno()):
+                    poller.register(watched, select.POLLIN)
                 try:
-                    ready, _, _ = select.select([*wait, pty], [], [], 0.5)
+                    ready = {fd for fd, _events in poller.poll(500)}
                 except InterruptedError:  # SIGWINCH
                     continue
                 if fd_in in ready:
@@ -69,7 +72,7 @@ def attach_terminal(pty: Pty, stdin_fd: int | None = None, stdout_fd: int | None
                         pty.write(data)
                     else:
                         stdin_open = False  # local EOF: the program's own input decides what follows
-                if pty in ready or not wait:
+                if pty.fileno() in ready or not wait:
                     out = pty.read(timeout=0.05)
                     if out:
                         os.write(fd_out, out)

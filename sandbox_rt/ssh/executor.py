@@ -352,13 +352,17 @@ class SSHExecutor:
 
     def _pump(self, chan: paramiko.Channel, demux: Demux, command: str, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
+        # poll, not select: a process holding ~1,000 attached sandboxes has fds above FD_SETSIZE
+        # (1024), and select() refuses those (the channel's wake-up pipe is opened last)
+        poller = select.poll()
+        poller.register(chan, select.POLLIN)
         while not demux.done:
             wait = 1.0 if deadline is None else deadline - time.monotonic()
             if wait <= 0:
                 self._kill_group(demux)
                 demux.flush()
                 raise CommandTimeout(command, timeout or 0.0, bytes(demux.out), bytes(demux.err))
-            select.select([chan], [], [], min(wait, 1.0))
+            poller.poll(int(min(wait, 1.0) * 1000) + 1)
             progressed = False
             while chan.recv_stderr_ready():
                 demux.feed("stderr", chan.recv_stderr(_READ_SIZE))

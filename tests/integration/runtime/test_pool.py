@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 from pathlib import Path
 
+import sandbox_rt
 from pve_testserver import PVETestServer
 from sandbox_rt import Manager, Settings
 from sandbox_rt.backends.proxmox import ProxmoxBackend
@@ -57,6 +59,37 @@ def test_pool_never_hands_out_one_sandbox_twice(settings: Settings) -> None:
         finally:
             for sb in sandboxes:
                 sb.destroy()
+
+
+def test_a_pool_of_100_fills_hands_out_refills_and_cleans_up(settings: Settings) -> None:
+    """Issue 19: the warm pool stays correct at pool_size 100 - it fills to 100 started, connected
+    sandboxes; 40 takes from 8 threads get 40 distinct sandboxes, each working, with the request's
+    settings; it refills; closing it destroys every idle one and the handed-out ones stay."""
+    spec = {"memory_mb": 128, "labels": SESSION_LABEL}
+    taken: list[sandbox_rt.Sandbox] = []
+    try:
+        with Manager(settings, pool_size=100, pool_spec=spec) as mgr:
+            assert mgr.pool is not None and mgr.pool.wait_ready(timeout=300), mgr.pool.ready
+            pooled = {r.id for r in mgr.list(labels=SESSION_LABEL) if POOL_LABEL in r.spec.labels}
+            assert len(pooled) == 100
+            with concurrent.futures.ThreadPoolExecutor(8) as ex:
+                taken = list(ex.map(lambda i: mgr.create(hostname=f"w{i}", labels=SESSION_LABEL), range(40)))
+            assert {sb.id for sb in taken} <= pooled and len({sb.id for sb in taken}) == 40
+            assert len({sb.ip for sb in taken}) == 40
+            with concurrent.futures.ThreadPoolExecutor(8) as ex:
+                names = list(ex.map(lambda sb: sb.exec("hostname").text.strip(), taken))
+            assert names == [f"w{i}" for i in range(40)]
+            assert all(POOL_LABEL not in sb.status().labels for sb in taken[:5])
+            assert mgr.pool.wait_ready(timeout=300)  # refilled to 100 again
+            idle = {r.id for r in mgr.list(labels=SESSION_LABEL) if POOL_LABEL in r.spec.labels}
+            assert len(idle) == 100 and not idle & {sb.id for sb in taken}
+        left = {r.id for r in Manager(settings).list(labels=SESSION_LABEL)}
+        assert left == {sb.id for sb in taken}  # the idle ones are gone, the handed-out ones stay
+    finally:
+        for sb in taken:
+            with contextlib.suppress(sandbox_rt.SandboxError):
+                sb.destroy()
+    assert Manager(settings).list(labels=SESSION_LABEL) == []
 
 
 def test_proxmox_hand_out_grows_the_disk_to_the_request(

@@ -8,6 +8,8 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import multiprocessing
+import os
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -124,6 +126,32 @@ def test_200_parallel_execs_on_5_sandboxes(make_lxc) -> None:  # type: ignore[no
     with concurrent.futures.ThreadPoolExecutor(40) as ex:
         results = list(ex.map(run, range(200)))
     assert all(out == f"{i}\n".encode() for i, out in results)
+
+
+def test_commands_work_with_fds_above_fd_setsize(make_lxc) -> None:  # type: ignore[no-untyped-def]
+    """A process holding ~1,000 attached sandboxes has fds above FD_SETSIZE (1024); select() refuses
+    those (ValueError), so exec, exec_stream and a command's timeout must not depend on it. The fds
+    are opened after the connection, so the command's own (its channel's wake-up pipe) come last."""
+    sb = make_lxc(memory_mb=256)
+    assert sb.exec("true").exit_code == 0  # connected before the fds pile up
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 1200:
+        pytest.fail(f"this host's hard RLIMIT_NOFILE ({hard}) is too low to hold 1,100 fds", pytrace=False)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    filler: list[int] = []
+    try:
+        while not filler or filler[-1] < 1100:
+            filler.append(os.open("/dev/null", os.O_RDONLY))
+        result = sb.exec("echo out; echo err >&2; exit 3")
+        assert (result.stdout, result.stderr, result.exit_code) == (b"out\n", b"err\n", 3)
+        assert b"".join(c.data for c in sb.exec_stream("seq 3")) == b"1\n2\n3\n"
+        with pytest.raises(sandbox_rt.CommandTimeout):
+            sb.exec("sleep 30", timeout=0.5)
+        assert sb.exec("echo still").stdout == b"still\n"
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_2000_short_execs_never_drop_the_connection(make_lxc) -> None:  # type: ignore[no-untyped-def]
