@@ -27,6 +27,7 @@ from .ctconfig import (
 )
 from .errors import PVEError, fail, param_error, perm_error
 from .formats import parse_size, split_list
+from .hookcaps import applied_of, with_applied
 from .hostkey import hostkey_of, with_hostkey, without_hostkey
 from .tasks import TaskContext, TaskError
 
@@ -426,6 +427,10 @@ def _do_start(call: Call, ctx: TaskContext, vmid: int, skiplock: bool) -> None:
     except TaskError:
         call.engine.stop(vmid)
         raise
+    # the hookscript's post-start: the caps (hookcaps); PVE only warns when it fails
+    applied = call.engine.post_start(vmid, conf)
+    if applied is None:
+        ctx.log(f"hookscript error for {vmid} on post-start: the caps were not applied")
     with call.mutate() as st:
         ct = st.ct(vmid)
         if ct is not None:
@@ -433,6 +438,8 @@ def _do_start(call: Call, ctx: TaskContext, vmid: int, skiplock: bool) -> None:
             ct["started"] = time.time()
             if hostkey_of(ct["config"].get("description")) != public:
                 ct["config"]["description"] = with_hostkey(ct["config"].get("description"), public)
+            if applied_of(ct["config"].get("description")) != applied:
+                ct["config"]["description"] = with_applied(ct["config"].get("description"), applied)
 
 
 @route("POST", "/nodes/{node}/lxc/{vmid}/status/start")

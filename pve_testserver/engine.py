@@ -41,6 +41,12 @@ class Engine(Protocol):
     def start(self, vmid: int, config: CTConfig) -> str:
         """Start the container; returns its SSH host public key line (see ``hostkey``)."""
 
+    def post_start(self, vmid: int, config: CTConfig) -> str | None:
+        """The hookscript's ``post-start`` on the running CT: the caps of its description's
+        ``sandbox-rt-caps:`` line, bounded by the node's ceilings; returns what it publishes as
+        ``sandbox-rt-caps-applied:`` (``hookcaps``), or None where the script fails (PVE then only
+        warns: the start stays done, nothing is published)."""
+
     def stop(self, vmid: int) -> None:
         """Stop immediately (``lxc-stop -k``)."""
 

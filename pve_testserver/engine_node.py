@@ -20,7 +20,10 @@ vmbr1, dnsmasq and nftables). What PVE itself does on a node, this engine does t
   template's rootfs is the lower layer, as PVE's linked clones share the base volume);
 * pve-firewall: the datacenter, CT options and rules are compiled into one nftables table in the
   node (``pvefw.py``), reloaded atomically whenever any of them changes;
-* the host-key hookscript (pre-start) is emulated as in the LXC engine.
+* the host-key hookscript (pre-start) is emulated as in the LXC engine; its post-start (the caps
+  PVE's config has no option for: pids.max, the rootfs disk's IO limits) is the real
+  ``sandbox-rt-hookscript.pl`` the proxmox_hookscript role installed in the node, run there with
+  stand-ins for the PVE modules it loads (``node_hook``).
 
 Commands run in the node through ``lxc-attach`` (about 9 ms each, measured); files are read and
 written through the node's root filesystem on this machine (the node is privileged, its ids are
@@ -30,6 +33,7 @@ the host's). The engine's own paths (``lxc_path``, overlay dirs) are host paths 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -39,10 +43,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import pct_conf
+from . import node_hook, pct_conf
 from .ctconfig import env_lines, parse_kv
 from .engine import CTConfig, EngineError
 from .engine_lxc import LxcEngine, cgroup_lines
+from .hookcaps import applied_of
 
 NODE_LXC_PATH = "/var/lib/lxc"  # inside the node, as on PVE
 NODE_STORAGE = {"local": "/var/lib/vz"}  # PVE's default directory storage
@@ -306,6 +311,39 @@ class NodeEngine(LxcEngine):
         self._lxc("lxc-start", vmid)
         self._lxc("lxc-wait", vmid, "-s", "RUNNING", "-t", "20", timeout=30)
         return public
+
+    def post_start(self, vmid: int, config: CTConfig) -> str | None:
+        """The node's hookscript, post-start phase, for real in the node (``node_hook``): it writes
+        the CT's pids.max and its rootfs disk's IO limits into the nested CT's cgroup and publishes
+        what holds. None when it fails or the node has no hookscript (PVE: a warning, no line)."""
+        if not self.host_path(node_hook.SCRIPT).is_file():
+            print(f"vm {vmid} - no hookscript {node_hook.SCRIPT} in the node", file=sys.stderr, flush=True)
+            return None
+        for rel, text in node_hook.SHIMS.items():
+            shim = self.host_path(f"{node_hook.PERL_DIR}/{rel}")
+            if not shim.is_file() or shim.read_text(encoding="utf-8") != text:
+                shim.parent.mkdir(parents=True, exist_ok=True)
+                shim.write_text(text, encoding="utf-8")
+        conf_file = self.host_path(f"{node_hook.CONF_DIR}/{vmid}.json")
+        conf_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        conf_file.write_text(
+            json.dumps({k: v for k, v in config.items() if isinstance(v, (str, int, float))})
+        )
+        try:
+            argv = self.node_argv(
+                ["perl", "-I", node_hook.PERL_DIR, node_hook.SCRIPT, str(vmid), "post-start"]
+            )
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+            if proc.returncode != 0:
+                print(
+                    f"vm {vmid} - hookscript post-start: {proc.stderr.strip()[-1500:]}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return None
+            return applied_of(str(json.loads(conf_file.read_text()).get("description", "")))
+        finally:
+            conf_file.unlink(missing_ok=True)
 
     def memory_used(self, vmid: int) -> int:
         group = Path("/sys/fs/cgroup/memory") / f"lxc.payload.{self.node_name}" / f"lxc.payload.{vmid}"

@@ -29,7 +29,6 @@ import yaml
 from testinfra.host import Host
 
 import sandbox_rt
-from pve_testserver.schema import BUNDLED_SCHEMA_PATH
 from sandbox_rt.backends.lxc.idmap import idmap_base_for
 from sandbox_rt.backends.lxc.nft import NftInternetSet
 
@@ -1577,23 +1576,6 @@ def pve_firewall_keeps_established(site: Site) -> tuple[bool, str]:
     first = lines[0] if lines else ""
     holds = first.startswith("ct state established,related accept")
     return holds, f"the node's pve-firewall forward chain starts with {first!r}"
-
-
-def pve_pids_max_fixed(settings: sandbox_rt.Settings) -> tuple[bool, str]:
-    """A PVE-backed sandbox, and PVE's CT config (the API schema) has no process limit option: the
-    runtime's pids_max cannot reach the CT, only the template's raw lxc.cgroup*.pids.max does."""
-    import gzip
-
-    schema_file = BUNDLED_SCHEMA_PATH  # the test server's copy of the official schema
-    stack, options = list(json.loads(gzip.decompress(schema_file.read_bytes()))), set()
-    while stack:
-        item = stack.pop()
-        stack += item.get("children", [])
-        if item.get("path") == "/nodes/{node}/lxc/{vmid}/config":
-            options = set(item["info"]["PUT"]["parameters"]["properties"])
-    limits = sorted(o for o in options if "pid" in o or "proc" in o)
-    holds = settings.backend == "proxmox" and bool(options) and not limits
-    return holds, f"backend {settings.backend}, CT config options naming a process limit: {limits}"
 
 
 def overlay_disk_unbounded(t: Target, disk_gb: int) -> tuple[bool, str]:

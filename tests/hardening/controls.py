@@ -244,7 +244,8 @@ CONTROLS: tuple[Control, ...] = (
     # -- resources --------------------------------------------------------------------------------
     _c("SBX-RES-01", "fork bombs stay inside the pids limit",
        "pids.max as requested; a bounded fork bomb hits it, the sandbox survives, the host still forks",
-       ("7.fn.forkbomb",), _LXC_CGROUPS + " (cgroup_limit_lines)", _LXC_CONF + " (default pids.max)"),
+       ("7.fn.forkbomb",), _LXC_CGROUPS + " (cgroup_limit_lines)", _LXC_CONF + " (default pids.max)",
+       "roles/proxmox_hookscript/files/sandbox-rt-hookscript.pl (PVE: post-start)"),
     _c("SBX-RES-02", "memory hogs are OOM-killed inside",
        "allocating > the limit is killed in the sandbox, which survives; host free memory unaffected",
        ("7.fn.oom",), _LXC_CGROUPS + " (cgroup_limit_lines)"),
@@ -278,7 +279,8 @@ CONTROLS: tuple[Control, ...] = (
        "blkio.throttle.* (v1) / io.max (v2) on the storage device as asked; O_DIRECT writes of 1 MiB and "
        "4 KiB blocks stay within disk_mbps and disk_iops (buffered writes: docs/threat-model.md)",
        (), _LXC_CGROUPS + " (cgroup_limits)", "sandbox_rt/backends/lxc/hostcaps.py (storage_device)",
-       "roles/lxc_host/tasks/storage.yml (loop direct IO)"),
+       "roles/lxc_host/tasks/storage.yml (loop direct IO)",
+       "roles/proxmox_hookscript/files/sandbox-rt-hookscript.pl (PVE: post-start)"),
     _c("SBX-RES-11", "the sandboxes' pids limits together leave the host its pids",
        "kernel.pid_max holds the promised density at the default pids_max; a create past the budget "
        "(7/8 of pid_max, summed over the sandboxes' pids_max) is refused and leaves nothing",

@@ -7,6 +7,7 @@ preconditions are plain asserts. Every flood goes to the host's own bridge addre
 from __future__ import annotations
 
 import math
+import os
 import re
 import socket
 import time
@@ -177,10 +178,29 @@ def check_bandwidth_capped(t: Target, mbps: int, seconds: float = 2.0) -> tuple[
 
 
 # -- SBX-RES-10: disk bandwidth and IOPS ----------------------------------------------------------
+def sandbox_disk(t: Target) -> str | None:
+    """major:minor of the whole disk that holds ``t``'s writes: the embedded default's sandbox storage;
+    for a PVE-backed sandbox the disk under its CT's writable root directory in the node (found here
+    from the CT's LXC config, not from what the hookscript reports)."""
+    site = checks.site_of(t)
+    if not site.is_pve:
+        return storage_device(t.settings.lxc_path)
+    rootfs = checks.ct_config_values(t, "lxc.rootfs.path")[-1]
+    m = re.fullmatch(r"(?:overlay|overlayfs):[^:]+:([^:]+)", rootfs)
+    writable = m.group(1) if m else rootfs.removeprefix("dir:")
+    st = os.stat(site.path(writable))
+    if os.major(st.st_dev) == 0:
+        return None
+    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    if Path(f"/sys/dev/block/{dev}/partition").exists():  # the kernel throttles whole disks only
+        return Path(f"/sys/dev/block/{dev}/../dev").read_text().strip()
+    return dev
+
+
 def check_disk_limits_set(t: Target, mbps: int, iops: int) -> None:
     c = "SBX-RES-10"
-    device = storage_device(t.settings.lxc_path)
-    require(c, device, f"no block device holds {t.settings.lxc_path}: the disk caps have nothing to act on")
+    device = sandbox_disk(t)
+    require(c, device, f"no block device holds {t.id}'s writes: the disk caps have nothing to act on")
     if checks.CGROUP_V1:
         want = {
             "blkio.throttle.write_bps_device": mbps << 20,
@@ -189,10 +209,10 @@ def check_disk_limits_set(t: Target, mbps: int, iops: int) -> None:
             "blkio.throttle.read_iops_device": iops,
         }
         for name, value in want.items():
-            text = checks.cgroup_read(t.id, "blkio", name, "")
+            text = checks.cgroup_read(t, "blkio", name, "")
             require(c, f"{device} {value}" in text.splitlines(), f"{name} is {text!r}, want {device} {value}")
     else:
-        text = checks.cgroup_read(t.id, "io", "", "io.max")
+        text = checks.cgroup_read(t, "io", "", "io.max")
         want2 = f"{device} rbps={mbps << 20} wbps={mbps << 20} riops={iops} wiops={iops}"
         require(c, want2 in text.splitlines(), f"io.max is {text!r}, want {want2}")
 

@@ -1,9 +1,9 @@
 """SBX-RES-06..12, SBX-NET-19: no sandbox starves the host or its neighbours (issue 26). Each cap is
 shown holding against a real flood from a real sandbox, all traffic to the host's own bridge
 address; the negative proofs (test_proofs.py) remove each cap and see its check fail. The network
-caps and the port binding run on every site (the embedded default and PVE-backed sandboxes on the
-emulated node); disk, pids and lxcfs are the embedded default's (docs/threat-model.md: what PVE
-does instead)."""
+caps, the disk caps and the port binding run on every site (the embedded default and PVE-backed
+sandboxes on the emulated node, where the node's hookscript sets the disk caps); the pids budget and
+lxcfs are the embedded default's (docs/threat-model.md: what PVE does instead)."""
 
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ def test_SBX_RES_09_bandwidth(site_make: Factory) -> None:
     print(f"net_mbps=80: sandbox -> host {up * 8e-6:.0f} Mbit/s, host -> sandbox {down * 8e-6:.0f} Mbit/s")
 
 
-def test_SBX_RES_10_disk_bandwidth_and_iops(make: Factory) -> None:
-    rate, ops = nc.check_disk_capped(make(disk_mbps=20, disk_iops=200), 20, 200)
+def test_SBX_RES_10_disk_bandwidth_and_iops(site_make: Factory) -> None:
+    rate, ops = nc.check_disk_capped(site_make(disk_mbps=20, disk_iops=200), 20, 200)
     print(f"disk_mbps=20, disk_iops=200: {rate:.1f} MB/s, {ops:.0f} IOPS with O_DIRECT")
 
 

@@ -68,6 +68,9 @@ PROVES = {
     "test_proof_pve_ct_without_raw_keys_keeps_its_capabilities": "SBX-ESC-10",
     "test_proof_pve_ct_without_raw_keys_gains_new_privileges": "SBX-ESC-26",
     "test_proof_pve_ct_without_raw_keys_lets_the_keyring_through": "SBX-ESC-16",
+    # ... and a CT whose caps the node's hookscript did not set (the template's raw pids.max, no throttle)
+    "test_proof_pve_ct_without_the_hookscripts_pids_cap_is_caught": "SBX-RES-01",
+    "test_proof_pve_ct_without_the_hookscripts_disk_caps_is_caught": "SBX-RES-10",
     # shared resources (issue 26): each cap removed for one sandbox
     "test_proof_uncapped_conntrack_is_caught": "SBX-RES-06",
     "test_proof_unlimited_dns_is_caught": "SBX-RES-07",
@@ -458,3 +461,38 @@ def test_proof_pve_ct_without_raw_keys_gains_new_privileges(pve_unconfined: Targ
 
 def test_proof_pve_ct_without_raw_keys_lets_the_keyring_through(pve_unconfined: Target) -> None:
     expect_violation("SBX-ESC-16", checks.check_refused, pve_unconfined, "keyring")
+
+
+# -- PVE-backed sandboxes: the caps the node's hookscript sets at post-start -------------------------
+@pytest.fixture
+def pve_make(request: pytest.FixtureRequest, workdir: Path) -> Iterator[Factory]:
+    """Throw-away PVE sandboxes on the emulated node (the runtime, the node's hookscript as site.yml
+    installed it); each proof then takes back, in that one CT's cgroup, what the hookscript set."""
+    if sites.PVE_NODE not in SITES:
+        pytest.skip("the pve-node site is not selected (SANDBOX_RT_HARDENING_SITES)")
+    site = _node_site(request.getfixturevalue("emulated_pve"))
+    with _factory(Manager(site.settings), site.settings, workdir, site) as make_pve:
+        yield make_pve
+
+
+def test_proof_pve_ct_without_the_hookscripts_pids_cap_is_caught(pve_make: Factory) -> None:
+    t = pve_make(pids_max=128)
+    checks.check_pids_fenced(t, 128)  # precondition: the hookscript's cap is there
+    # what the CT has without the hookscript's post-start: the template's raw lxc.cgroup*.pids.max
+    raw = str(checks.role_defaults("template_build")["template_build_pids_max"])
+    (checks.cgroup_dir(t, "pids") / "pids.max").write_text(raw)
+    expect_violation("SBX-RES-01", checks.check_pids_fenced, t, 128, match=f"pids.max is {raw}")
+
+
+def test_proof_pve_ct_without_the_hookscripts_disk_caps_is_caught(pve_make: Factory) -> None:
+    t = pve_make(disk_mbps=20, disk_iops=200)
+    nc.check_disk_limits_set(t, 20, 200)  # precondition: the hookscript's caps are there
+    device = nc.sandbox_disk(t)
+    if checks.CGROUP_V1:  # what the CT has without the hookscript's post-start: no throttle
+        for name in ("write_bps_device", "read_bps_device", "write_iops_device", "read_iops_device"):
+            (checks.cgroup_dir(t, "blkio") / f"blkio.throttle.{name}").write_text(f"{device} 0")
+    else:
+        lifted = f"{device} rbps=max wbps=max riops=max wiops=max"
+        (checks.cgroup_dir(t, "io") / "io.max").write_text(lifted)
+    expect_violation("SBX-RES-10", nc.check_disk_limits_set, t, 20, 200, match="want")
+    expect_violation("SBX-RES-10", nc.check_disk_rates, t, 20, 200, match="O_DIRECT writes at")

@@ -13,16 +13,9 @@ from .sites import Site
 pytestmark = [pytest.mark.slow]
 
 
-def test_SBX_RES_01_fork_bomb_stays_inside(
-    site: Site, site_make: Factory, pve_waivers: dict[str, Waiver]
-) -> None:
-    if site.is_pve:  # the waiver's statement: every CT has the template's limit, and it holds
-        waiver = pve_waivers["SBX-RES-01"]
-        holds, evidence = checks.pve_pids_max_fixed(site.settings)
-        assert holds and waiver.condition == "pve_pids_max_fixed", evidence
-        limit = int(checks.role_defaults("template_build")["template_build_pids_max"])
-        checks.check_fork_bomb_contained(site_make(pids_max=128), limit, by_pids_limit=False)
-        return
+def test_SBX_RES_01_fork_bomb_stays_inside(site_make: Factory) -> None:
+    # PVE: the CT config has no process limit option; the node's hookscript writes the sandbox's
+    # pids_max into the CT's cgroup at post-start and the runtime refuses a CT it did not confirm
     checks.check_fork_bomb_contained(site_make(pids_max=128), 128)
 
 

@@ -42,6 +42,8 @@ CONTRACT_KEYS = {
     "idmap_base",
     "idmap_size",
     "disk_limits",
+    "volume_dir",
+    "volume_host_dirs",
 }
 
 

@@ -24,7 +24,7 @@ from ..base import GcCandidate
 from ..owner import owner_alive
 from ..records import ROOT_ENV, new_record, updated_record
 from .core import NodeUnreachable, pve_bool
-from .description import TAG, sandbox_id_tag, tags_of
+from .description import CAPS, TAG, applied_caps_of, caps_mismatch, sandbox_id_tag, tags_of
 from .firewall import PveFirewall
 from .placement import NodeView, cluster_view, rank
 from .snapshots import PveSnapshots
@@ -204,7 +204,7 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
                     pool=self.settings.pve_pool or None,
                     full=pve_bool(snapshot is not None),
                     snapname=snapshot[2] if snapshot else None,
-                    description=self._record_line(draft),
+                    description=self._spec_description(draft),
                 )
 
         vmid = 0
@@ -245,7 +245,7 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
                 "swap": 0,
                 "net0": net0,
                 "tags": ";".join(tags),
-                "description": self._record_line(record),
+                "description": self._spec_description(record),
                 "nameserver": self.settings.dns_server,
             }
             ct = self._ct(node, vmid)
@@ -298,7 +298,40 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
             self._leave_node(sandbox_id, node)
             self._clone_placed(sandbox_id, spec, None, tried)
             return self.start(sandbox_id)
-        return self.get(sandbox_id)
+        return self._check_caps(node, vmid)
+
+    def _check_caps(self, node: str, vmid: int) -> SandboxRecord:
+        """The record of a CT just started, once the caps PVE has no option for hold as asked: the
+        node's hookscript applied them at post-start and published what holds
+        (``sandbox-rt-caps-applied:``, description.py). PVE only warns when a post-start hookscript
+        fails, so without that line, or with caps other than asked, the sandbox is refused:
+        BackendError, or ConfigError when the node's ceiling is below what was asked."""
+        conf = self._call("start", lambda: self._ct(node, vmid).config.get())
+        record = self._record_of(conf, vmid)
+        applied = applied_caps_of(str(conf.get("description", "")))
+        if applied is None:
+            raise BackendError(
+                f"CT {vmid} on node {node} started without confirming its caps ({', '.join(CAPS)}): "
+                "the node's hookscript did not publish a sandbox-rt-caps-applied line (see the start "
+                "task's log; is this version of roles/proxmox_hookscript installed on the node?)",
+                step="start",
+            )
+        wrong = caps_mismatch(record.spec, applied)
+        lower = [w for w in wrong if w[2] < w[1]]
+        if wrong and len(lower) == len(wrong):
+            raise ConfigError(
+                f"node {node} caps "
+                + ", ".join(f"{name} at {got} (asked {asked})" for name, asked, got in lower)
+                + ": its ceilings (/etc/sandbox_rt/pve-hookscript.conf, roles/proxmox_hookscript) are "
+                "below the request; ask for less or raise them"
+            )
+        if wrong:
+            raise BackendError(
+                f"CT {vmid} on node {node}: caps do not hold as asked: "
+                + ", ".join(f"{name}={got} (asked {asked})" for name, asked, got in wrong),
+                step="start",
+            )
+        return record
 
     def stop(self, sandbox_id: str) -> None:
         node, vmid = self._find(sandbox_id)
@@ -325,6 +358,20 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
         )
 
     def update(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
+        """New limits, name, labels, TTL for a sandbox (a warm one handed out, a TTL extended). The
+        caps the node's hookscript applies at start (pids_max, disk_mbps, disk_iops) cannot change
+        on a running CT (the runtime has no way into the node's cgroups): a different value is a
+        ConfigError, and the manager then makes the sandbox cold instead of taking a warm one."""
+        changed = [
+            f"{n}={getattr(spec, n)} (running with {getattr(record.spec, n)})"
+            for n in CAPS
+            if getattr(spec, n) != getattr(record.spec, n)
+        ]
+        if changed:
+            raise ConfigError(
+                "a PVE sandbox's caps are applied by the node at its start and cannot change while it "
+                "runs: " + ", ".join(changed)
+            )
         node, vmid = self._find(record.id)
         new = updated_record(record, spec)
         hostname = new.hostname

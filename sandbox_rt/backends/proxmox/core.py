@@ -25,7 +25,16 @@ from ...models import SandboxRecord
 from ..intents import CreateMarkers
 from ..owner import process_start_time
 from ..records import spec_from_json, spec_to_json
-from .description import HOSTKEY_PREFIX, RECORD_PREFIX, TAG, host_key_of, parse_record, tags_of
+from .description import (
+    CAPS_APPLIED_PREFIX,
+    HOSTKEY_PREFIX,
+    RECORD_PREFIX,
+    TAG,
+    caps_line,
+    host_key_of,
+    parse_record,
+    tags_of,
+)
 
 __all__ = ["NodeUnreachable", "PveCore", "pve_bool"]
 
@@ -250,11 +259,19 @@ class PveCore:
         data["owner_start_time"] = process_start_time(record.owner_pid)
         return RECORD_PREFIX + json.dumps(data, sort_keys=True, separators=(",", ":"))
 
+    def _spec_description(self, record: SandboxRecord) -> str:
+        """What the runtime writes into a CT's description: the record line and the caps it asks the
+        node's hookscript for (description.py)."""
+        return self._record_line(record) + "\n" + caps_line(record.spec)
+
     def _description(self, record: SandboxRecord, conf: dict[str, Any]) -> str:
-        """The CT's description for ``record``, keeping the host key line the hookscript published."""
-        description = self._record_line(record)
-        key = self._host_key_of(str(conf.get("description", "")))
-        return description + "\n" + HOSTKEY_PREFIX + key if key else description
+        """The CT's description for ``record``, keeping the lines the hookscript published (the host
+        key, the caps it applied at the CT's start)."""
+        lines = [self._spec_description(record)]
+        for line in str(conf.get("description", "")).splitlines():
+            if line.startswith((HOSTKEY_PREFIX, CAPS_APPLIED_PREFIX)):
+                lines.append(line)
+        return "\n".join(lines)
 
     @staticmethod
     def _parse_record(description: str) -> dict[str, Any] | None:
@@ -270,6 +287,10 @@ class PveCore:
     def _record_at(self, node: str, vmid: int) -> SandboxRecord:
         """The record in the description of CT ``vmid`` on ``node``."""
         conf = self._call("attach", lambda: self._ct(node, vmid).config.get())
+        return self._record_of(conf, vmid)
+
+    def _record_of(self, conf: dict[str, Any], vmid: int) -> SandboxRecord:
+        """The record in CT ``vmid``'s config ``conf`` (its description)."""
         description = str(conf.get("description", ""))
         data = self._parse_record(description)
         if data is None:

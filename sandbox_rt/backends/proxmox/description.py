@@ -1,6 +1,7 @@
 """What a sandbox's CT carries about it, as text the runtime writes through the API: its tags (the
-product's tag, the sandbox id, its address, its expiry), the record line and the published host key
-in the description, the template note of a snapshot's description."""
+product's tag, the sandbox id, its address, its expiry), the record line, the caps it asks the node
+for and the lines the node's hookscript publishes (host key, caps applied) in the description, the
+template note of a snapshot's description."""
 
 from __future__ import annotations
 
@@ -9,14 +10,20 @@ import json
 import re
 from typing import Any
 
-from ...models import DEFAULT_TEMPLATE
+from ...models import DEFAULT_TEMPLATE, SandboxSpec
 from ...validation import SANDBOX_ID, TEMPLATE_NAME
 
 __all__ = [
+    "CAPS",
+    "CAPS_APPLIED_PREFIX",
+    "CAPS_PREFIX",
     "HOSTKEY_PREFIX",
     "RECORD_PREFIX",
     "TAG",
     "TEMPLATE_NOTE",
+    "applied_caps_of",
+    "caps_line",
+    "caps_mismatch",
     "host_key_of",
     "parse_record",
     "sandbox_id_tag",
@@ -27,6 +34,13 @@ __all__ = [
 TAG = "sandbox-rt"
 RECORD_PREFIX = "sandbox-rt-record: "
 HOSTKEY_PREFIX = "sandbox-rt-ssh-host-key: "
+# The caps PVE's CT config has no option for: asked by the runtime, applied at post-start by the
+# node's hookscript (roles/proxmox_hookscript), which bounds them by the node's ceilings and
+# publishes what holds. One strict line each, so the hookscript's parser stays a regex.
+CAPS = ("pids_max", "disk_mbps", "disk_iops")
+CAPS_PREFIX = "sandbox-rt-caps: "
+CAPS_APPLIED_PREFIX = "sandbox-rt-caps-applied: "
+_APPLIED = re.compile(r"pids_max=(\d{1,9}) disk_mbps=(\d{1,9}) disk_iops=(\d{1,9}) device=(\d+:\d+|-)")
 # a snapshot's description ends with this and its source's template (forks are of that template)
 TEMPLATE_NOTE = "; template "
 
@@ -62,3 +76,33 @@ def host_key_of(description: str) -> str:
         if line.startswith(HOSTKEY_PREFIX):
             return line[len(HOSTKEY_PREFIX) :].strip()
     return ""
+
+
+def caps_line(spec: SandboxSpec) -> str:
+    """The description line that asks the node's hookscript for ``spec``'s caps."""
+    return CAPS_PREFIX + " ".join(f"{name}={getattr(spec, name)}" for name in CAPS)
+
+
+def applied_caps_of(description: str) -> dict[str, int | str] | None:
+    """The caps the hookscript published as applied at the CT's last start (None without a line, or
+    with one that does not parse): ``pids_max``, ``disk_mbps``, ``disk_iops`` and ``device``."""
+    for line in description.splitlines():
+        if line.startswith(CAPS_APPLIED_PREFIX):
+            m = _APPLIED.fullmatch(line[len(CAPS_APPLIED_PREFIX) :].strip())
+            if m is None:
+                return None
+            values: dict[str, int | str] = {name: int(m.group(i + 1)) for i, name in enumerate(CAPS)}
+            values["device"] = m.group(4)
+            return values
+    return None
+
+
+def caps_mismatch(spec: SandboxSpec, applied: dict[str, int | str]) -> list[tuple[str, int, int]]:
+    """(cap, asked, applied) for each cap that does not hold as ``spec`` asks: applied other than
+    asked (0 asks for none: then whatever the node's ceiling set is fine)."""
+    out = []
+    for name in CAPS:
+        asked, got = int(getattr(spec, name)), int(applied[name])
+        if asked and got != asked:
+            out.append((name, asked, got))
+    return out
