@@ -429,6 +429,15 @@ def test_proof_unbound_port_is_caught(make: Factory, make_with_net_caps: Factory
 
 
 # -- PVE-backed sandboxes: the raw keys are what confines them ----------------------------------------
+def _selected_node_site(request: pytest.FixtureRequest) -> sites.Site:
+    """The emulated node's site for the PVE proofs. A run that selects the lxc site only
+    (SANDBOX_RT_HARDENING_SITES=lxc) has no node for them and skips them; .ci/run selects every
+    site, so CI always runs them."""
+    if sites.PVE_NODE not in SITES:
+        pytest.skip("the pve-node site is not selected (SANDBOX_RT_HARDENING_SITES)")
+    return _node_site(request.getfixturevalue("emulated_pve"))
+
+
 @pytest.fixture(scope="module")
 def pve_unconfined(request: pytest.FixtureRequest, workdir: Path) -> Iterator[Target]:
     """A throw-away PVE sandbox on the emulated node, cloned from a variant of the template whose raw
@@ -436,11 +445,7 @@ def pve_unconfined(request: pytest.FixtureRequest, workdir: Path) -> Iterator[Ta
     it would not even come up, see tests/integration/test_pve_emulated.py). Such a CT is what PVE makes
     of the template on its own: it boots the template's systemd under pve-container's defaults (LXC's
     stock seccomp profile, PVE's capability set, no no_new_privs)."""
-    if sites.PVE_NODE not in SITES:
-        # a run that selects the lxc site only (SANDBOX_RT_HARDENING_SITES=lxc) has no node for these
-        # proofs; .ci/run selects every site, so CI always runs them
-        pytest.skip("the pve-node site is not selected (SANDBOX_RT_HARDENING_SITES)")
-    site = _node_site(request.getfixturevalue("emulated_pve"))
+    site = _selected_node_site(request)
     with pve_template_variant(site, keep={"lxc.hook.mount"}) as variant:
         variant_site = dataclasses.replace(site, settings=variant)
         with _factory(Manager(variant), variant, workdir, variant_site) as make_unconfined:
@@ -468,9 +473,7 @@ def test_proof_pve_ct_without_raw_keys_lets_the_keyring_through(pve_unconfined: 
 def pve_make(request: pytest.FixtureRequest, workdir: Path) -> Iterator[Factory]:
     """Throw-away PVE sandboxes on the emulated node (the runtime, the node's hookscript as site.yml
     installed it); each proof then takes back, in that one CT's cgroup, what the hookscript set."""
-    if sites.PVE_NODE not in SITES:
-        pytest.skip("the pve-node site is not selected (SANDBOX_RT_HARDENING_SITES)")
-    site = _node_site(request.getfixturevalue("emulated_pve"))
+    site = _selected_node_site(request)
     with _factory(Manager(site.settings), site.settings, workdir, site) as make_pve:
         yield make_pve
 

@@ -41,6 +41,7 @@ from tests.integration.provision_helpers import sh, tcp_open, wait_for
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.root,
+    # as every integration module here: a developer's non-root run skips it; .ci/run runs as root
     pytest.mark.skipif(os.geteuid() != 0, reason="starts containers and builds a test network: needs root"),
 ]
 

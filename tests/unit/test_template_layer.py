@@ -15,6 +15,8 @@ from sandbox_rt import TemplateBuildError
 from sandbox_rt.templates.checks import check_layer, strip_build_state
 from sandbox_rt.templates.lxc_store import apply_layer
 
+# overlay whiteouts are device nodes and the layer keeps owners: only root can make them; a developer's
+# non-root run skips this module, .ci/run runs as root
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="whiteouts and owners need root")
 
 LOW = 100000  # the template's root
