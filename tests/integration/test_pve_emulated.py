@@ -14,7 +14,6 @@ left.
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
 import subprocess
@@ -29,7 +28,7 @@ import sandbox_rt
 from sandbox_rt import FirewallDisabled, Manager
 from tests.integration.provision_helpers import REPO, PlaybookRun, wait_for
 from tests.pve_node import PVENode
-from tests.pve_node.provisioning import ProvisionedNode, admin_api, node_environment, run_site
+from tests.pve_node.provisioning import ProvisionedNode, admin_api, node_manager, run_site
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -99,12 +98,8 @@ def wan(node: PVENode) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def manager(node: PVENode, first_run: PlaybookRun) -> Iterator[Manager]:
-    with node_environment(node):
-        mgr = Manager.from_env()
-    yield mgr
-    for record in mgr.list(labels=LABELS):
-        with contextlib.suppress(sandbox_rt.SandboxError):
-            mgr.destroy(record.id)
+    with node_manager(node, LABELS) as mgr:
+        yield mgr
 
 
 def api(node: PVENode) -> Any:

@@ -13,18 +13,16 @@ linked clone of that node's own copy, working over SSH. Everything is removed at
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-import sandbox_rt
 from sandbox_rt import Manager
 from tests.integration.provision_helpers import PlaybookRun
 from tests.pve_node import PVENode, spec_for_index
-from tests.pve_node.provisioning import admin_api, node_environment, provisioned_node, run_site
+from tests.pve_node.provisioning import admin_api, node_manager, provisioned_node, run_site
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -55,12 +53,8 @@ def cluster() -> Iterator[tuple[PVENode, PlaybookRun, PlaybookRun]]:
 def manager(cluster: tuple[PVENode, PlaybookRun, PlaybookRun]) -> Iterator[Manager]:
     node, _, second = cluster
     assert second.returncode == 0 and second.total("failed") == 0, second.tail(80)
-    with node_environment(node):
-        mgr = Manager.from_env()
-    yield mgr
-    for record in mgr.list(labels=LABELS):
-        with contextlib.suppress(sandbox_rt.SandboxError):
-            mgr.destroy(record.id)
+    with node_manager(node, LABELS) as mgr:
+        yield mgr
 
 
 def resources(node: PVENode) -> list[dict[str, Any]]:

@@ -52,6 +52,22 @@ def node_environment(node: PVENode) -> Iterator[None]:
         os.environ.update(saved)
 
 
+@contextlib.contextmanager
+def node_manager(node: PVENode, labels: dict[str, str]) -> Iterator[Any]:
+    """``Manager.from_env()`` with the node's host contract; at the end the sandboxes carrying
+    ``labels`` are destroyed (what a failed test left)."""
+    import sandbox_rt
+
+    with node_environment(node):
+        mgr = sandbox_rt.Manager.from_env()
+    try:
+        yield mgr
+    finally:
+        for record in mgr.list(labels=labels):
+            with contextlib.suppress(sandbox_rt.SandboxError):
+                mgr.destroy(record.id)
+
+
 @dataclasses.dataclass
 class ProvisionedNode:
     """A running node, its API server, and the ``site.yml`` run that provisioned it."""
