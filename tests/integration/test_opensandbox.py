@@ -36,11 +36,14 @@ TOKEN = secrets.token_urlsafe(32)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TAG = uuid.uuid4().hex[:12]
 METADATA = {"test-opensandbox": TAG}
-# the entrypoint ticks a file 20 times a second: a paused sandbox's file stands still
+# the entrypoint ticks a file 20 times a second: a paused sandbox's file stands still. Each tick is
+# written beside the file and renamed over it, so a reader never sees the file truncated and empty
+# (written in place, `cat` caught it empty between truncate and write: a flaky CI failure)
 TICKER = [
     "sh",
     "-c",
-    'echo "$GREETING" > /tmp/greeting; while :; do date +%s%N > /tmp/tick; sleep 0.05; done',
+    'echo "$GREETING" > /tmp/greeting; '
+    "while :; do date +%s%N > /tmp/tick.new; mv /tmp/tick.new /tmp/tick; sleep 0.05; done",
 ]
 
 
