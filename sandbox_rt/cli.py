@@ -451,16 +451,22 @@ class _Cli:
             return 0
         if a.cmd == "gc":
             removed = mgr.gc(dead_owners=a.dead_owners, dry_run=a.dry_run)
+            pruned = mgr.prune_templates(dry_run=a.dry_run)
             verb = "would remove" if a.dry_run else "removed"
+            lines = [f"{verb} {r.sandbox_id}: {r.reason}" for r in removed]
+            lines += [f"{verb} template generation {c}: unused" for c in pruned]
             self.out(
-                [dataclasses.asdict(r) for r in removed],
-                "\n".join(f"{verb} {r.sandbox_id}: {r.reason}" for r in removed) or "nothing to collect",
+                [dataclasses.asdict(r) for r in removed]
+                + [{"template_container": c, "reason": "unused template generation"} for c in pruned],
+                "\n".join(lines) or "nothing to collect",
             )
             return 0
         if a.cmd == "reaper":
             while True:
                 for reaped in mgr.gc(dead_owners=True):
                     print(f"reaped {reaped.sandbox_id}: {reaped.reason}", flush=True)
+                for container in mgr.prune_templates():
+                    print(f"removed template generation {container}: unused", flush=True)
                 if a.once:
                     return 0
                 time.sleep(a.interval)  # the reaper's period

@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any, cast
 import paramiko
 
 from . import logs
-from .backends.base import Backend, pause_backend, placement_backend, snapshot_backend
+from .backends.base import (
+    Backend,
+    TemplateGenerations,
+    pause_backend,
+    placement_backend,
+    snapshot_backend,
+)
 from .config import Settings
 from .errors import ConfigError, SandboxError, SandboxNotFound, SnapshotNotFound
 from .models import (
@@ -242,7 +248,7 @@ class Manager:
         # pool sandboxes are of the pool's template and start without root
         poolable = not spec.root and not spec.volumes and spec.template == self._pool_template
         if self.pool is not None and poolable:
-            warm = self.pool.take()
+            warm = self._take_warm()
             if warm is not None:
                 try:
                     return self._hand_out(warm, spec)
@@ -250,6 +256,30 @@ class Manager:
                     with contextlib.suppress(SandboxError):
                         warm.destroy()  # a pool sandbox that cannot take the spec: make one cold
         return self._create_cold(spec, progress)
+
+    def _take_warm(self) -> Sandbox | None:
+        """A warm sandbox of the pool's template as creates get it now: one made before the template
+        was swapped (site.yml switched its generation) is destroyed, never handed out."""
+        assert self.pool is not None
+        backend = self.backend
+        while (warm := self.pool.take()) is not None:
+            try:
+                if not isinstance(backend, TemplateGenerations) or backend.template_is_current(warm.record):
+                    return warm
+            except SandboxError:
+                pass  # cannot tell: not handed out either
+            logs.event("pool_stale", warm.id, backend=backend.name, reason="template swapped")
+            with contextlib.suppress(SandboxError):
+                warm.destroy()
+        return None
+
+    def prune_templates(self, *, dry_run: bool = False) -> builtins.list[str]:
+        """Remove the template generations creates no longer clone and no sandbox, snapshot or create
+        in progress uses (LXC: what site.yml's switch left; ``sandbox-rt gc`` and the reaper call this).
+        Returns them; ``[]`` on a backend without template generations."""
+        if not isinstance(self.backend, TemplateGenerations):
+            return []
+        return self.backend.prune_templates(dry_run=dry_run)
 
     @property
     def volumes(self) -> VolumeStore:

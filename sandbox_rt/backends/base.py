@@ -14,6 +14,7 @@ __all__ = [
     "PauseBackend",
     "PlacementBackend",
     "SnapshotBackend",
+    "TemplateGenerations",
     "pause_backend",
     "placement_backend",
     "snapshot_backend",
@@ -117,6 +118,21 @@ def snapshot_backend(backend: object) -> SnapshotBackend:
     if not isinstance(backend, SnapshotBackend):
         raise ConfigError(f"the {getattr(backend, 'name', type(backend).__name__)} backend has no snapshots")
     return backend
+
+
+@runtime_checkable
+class TemplateGenerations(Protocol):
+    """What a backend adds whose templates are swapped in generations while sandboxes run (an
+    optional capability of :class:`Backend`; LXC: generations.py).
+
+    ``template_is_current`` says whether a sandbox was cloned from the generation its template's
+    creates get now (the warm pool hands out none that is not); ``prune_templates`` removes the
+    generations creates no longer get and nothing uses, and returns them.
+    """
+
+    def template_is_current(self, record: SandboxRecord) -> bool: ...
+
+    def prune_templates(self, *, dry_run: bool = False) -> builtins.list[str]: ...
 
 
 @runtime_checkable

@@ -150,10 +150,13 @@ def test_lxc_fork_takes_its_snapshots_template(tmp_path: Path, monkeypatch: pyte
         json.dumps({"name": "s1", "source_id": "sbx-00000000c2", "created_at": 1.0, "backend": "lxc",
                     "template": "base"})
     )  # fmt: skip
-    seen: list[SandboxSpec] = []
-    monkeypatch.setattr(backend, "clone", lambda sid, spec, delta=None: seen.append(spec))
+    seen: list[tuple[SandboxSpec, str | None]] = []
+    monkeypatch.setattr(
+        backend, "clone", lambda sid, spec, delta=None, container=None: seen.append((spec, container))
+    )
     backend.clone_from_snapshot("sbx-00000000c3", SandboxSpec(), "s1")
-    assert seen[0].template == "base"
+    # a snapshot from before template generations: its template's slot (here absent: clone says so)
+    assert seen[0] == (SandboxSpec(template="base"), "tpl-base")
     assert backend.list_snapshots()[0].template == "base"
 
 

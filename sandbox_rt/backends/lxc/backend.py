@@ -1,9 +1,12 @@
 """The embedded default's engine: sandboxes as ``lxc-copy`` overlay clones of a template.
 
 Layout under ``settings.lxc_path`` (see docs/host-contract.md):
-- ``sandbox-template/`` the default template (never started), ``sandbox-template-<name>/`` each named
-  template; ``sbx-<hex>/`` one dir per sandbox with the LXC ``config``, the overlay ``delta`` and
-  ``sandbox_rt.json`` (the record: labels, expiry, owner, pinned host key, template; container.py).
+- ``sandbox-template`` the default template (never started), ``sandbox-template-<name>`` each named
+  template: a link to the generation new creates clone (``<slot>.<tag>/``, generations.py), or on a
+  host provisioned before generations the container dir itself;
+- ``sbx-<hex>/`` one dir per sandbox with the LXC ``config``, the overlay ``delta`` and
+  ``sandbox_rt.json`` (the record: labels, expiry, owner, pinned host key, template and the template
+  generation it was cloned from; container.py).
   With ``disk_limits`` the dir is a btrfs subvolume whose qgroup limit is ``disk_gb`` (see btrfs.py).
 - ``.runtime/creating/<id>.json`` marks a create in progress (the creator's pid): ``gc`` removes
   what a caller killed mid-create left, whatever step it died at.
@@ -47,6 +50,7 @@ from .container import (
     write_record,
 )
 from .fstree import rewrite_file_beneath, tree_bytes
+from .generations import legacy, prune, resolve
 from .hostcaps import (
     HostLoad,
     allowed_cpus,
@@ -140,16 +144,73 @@ class LxcBackend:
     def _dir(self, sandbox_id: str) -> Path:
         return self.path / sandbox_id
 
-    def _template_dir(self, template: str) -> Path:
-        """The container dir of the named template (``default``: the host contract's ``template``)."""
+    def _slot(self, template: str) -> str:
+        """The container name the host contract gives the named template (``default``: ``template``)."""
         self.settings.check_template(template)
         if template == DEFAULT_TEMPLATE:
-            return self.path / self.settings.template
-        return self.path / self.settings.lxc_templates()[template]
+            return self.settings.template
+        return self.settings.lxc_templates()[template]
+
+    def _template_dir(self, template: str) -> Path:
+        """The slot of the named template: a link to its current generation (or the container dir)."""
+        return self.path / self._slot(template)
+
+    def _current(self, template: str) -> str:
+        """The generation new creates of ``template`` clone now (the slot's link, read live, so a
+        switch by site.yml counts at once in every process; generations.py)."""
+        slot = self._slot(template)  # ConfigError for an unknown name
+        try:
+            return resolve(self.path, slot)
+        except FileNotFoundError as exc:
+            raise BackendError(
+                f"template {template!r} ({slot}) not found in {self.path} (run site.yml)",
+                step="clone",
+            ) from exc
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"template {template!r}: {exc}", step="clone") from exc
+
+    def _made_from(self, template: str, container: object) -> str:
+        """The generation a sandbox or snapshot was made from: its stored ``template_container``, or for
+        one stored before generations, the legacy generation of its template."""
+        if isinstance(container, str) and container:
+            return container
+        slot = self._slot(template)
+        try:
+            return legacy(self.path, slot)
+        except FileNotFoundError:
+            return slot  # no such template here: the clone says so
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"template {template!r}: {exc}", step="clone") from exc
+
+    def _container_rootfs(self, container: str) -> Path:
+        try:
+            value = config_value(config_lines(self.path / container), "lxc.rootfs.path") or ""
+        except OSError as exc:
+            raise BackendError(
+                f"template container {container} is gone from {self.path}", step="clone", detail=str(exc)
+            ) from exc
+        return Path(value.removeprefix("dir:"))
 
     def _template_rootfs(self, template: str) -> Path:
-        value = config_value(config_lines(self._template_dir(template)), "lxc.rootfs.path") or ""
-        return Path(value.removeprefix("dir:"))
+        return self._container_rootfs(self._current(template))
+
+    def template_is_current(self, record: SandboxRecord) -> bool:
+        """Whether ``record``'s sandbox was cloned from the generation its template's creates get now
+        (the warm pool hands out no sandbox of a template swapped since it was made)."""
+        made_from = self._read_record(record.id)[1].get("template_container")
+        return self._made_from(record.spec.template, made_from) == self._current(record.spec.template)
+
+    def prune_templates(self, *, dry_run: bool = False) -> builtins.list[str]:
+        """Remove the template generations that creates no longer clone and nothing uses (no sandbox,
+        snapshot or create in progress); returns them. ``sandbox-rt gc`` and the reaper run it."""
+        removed: builtins.list[str] = []
+        for name in self.settings.template_names():
+            slot = self._slot(name)
+            try:
+                removed += prune(self.path, slot, name, dry_run=dry_run)
+            except (OSError, ValueError) as exc:
+                raise BackendError(f"cannot prune template {name!r}: {exc}", step="gc") from exc
+        return removed
 
     def _addresses_in_use(self) -> set[str]:
         return host_load(self.path).addresses
@@ -169,18 +230,25 @@ class LxcBackend:
     def end(self, sandbox_id: str) -> None:
         self.markers.remove(sandbox_id)
 
-    def clone(self, sandbox_id: str, spec: SandboxSpec, *, delta: Path | None = None) -> SandboxRecord:
-        """Clone the template; with ``delta`` (a snapshot's) the clone starts with those files."""
+    def clone(
+        self, sandbox_id: str, spec: SandboxSpec, *, delta: Path | None = None, container: str | None = None
+    ) -> SandboxRecord:
+        """Clone the template's current generation (or ``container``, a snapshot's); with ``delta``
+        (that snapshot's) the clone starts with those files."""
         try:
-            return self._clone(sandbox_id, spec, delta)
+            return self._clone(sandbox_id, spec, delta, container)
         except OSError as exc:  # disk full, permissions, ...: a typed error naming the step
             raise BackendError(f"{exc.strerror or exc} ({exc.filename or self.path})", step="clone") from exc
 
-    def _clone(self, sandbox_id: str, spec: SandboxSpec, delta: Path | None = None) -> SandboxRecord:
-        template = self._template_dir(spec.template)
+    def _clone(
+        self, sandbox_id: str, spec: SandboxSpec, delta: Path | None = None, container: str | None = None
+    ) -> SandboxRecord:
+        # the generation is read once: a switch during this create changes nothing of it
+        made_from = container or self._current(spec.template)
+        template = self.path / made_from
         if not (template / "config").is_file():
             raise BackendError(
-                f"template {spec.template!r} ({template.name}) not found in {self.path} (run site.yml)",
+                f"template {spec.template!r} ({made_from}) not found in {self.path} (run site.yml)",
                 step="clone",
             )
         cdir = self._dir(sandbox_id)
@@ -228,9 +296,9 @@ class LxcBackend:
         ip = self.pool.allocate(in_use, commit)
         if isolated:
             own_ids(cdir, upper, cdir / LOWER_MOUNT, template_base=self.settings.idmap_base)
-        host_pub = self._seed_rootfs(cdir, hostname, ip, spec.template)
+        host_pub = self._seed_rootfs(cdir, hostname, ip, made_from)
         record = new_record(sandbox_id, spec, ip=ip, host_key=host_pub, backend=self.name)
-        self._write_record(record, owner_start=process_start_time(record.owner_pid))
+        write_record(cdir, record, process_start_time(record.owner_pid), template_container=made_from)
         # its port may send only as itself, within its bandwidth, from its first frame on
         self.netstate.apply(self._port_state(sandbox_id, ip, spec))
         return record
@@ -241,10 +309,10 @@ class LxcBackend:
             old, ip=ip, port=f"sbx{sandbox_id[4:]}", mac=mac_for_ip(ip), net_mbps=spec.net_mbps
         )
 
-    def _seed_rootfs(self, cdir: Path, hostname: str, ip: str, template: str) -> str:
+    def _seed_rootfs(self, cdir: Path, hostname: str, ip: str, container: str) -> str:
         """The clone's own host key, machine-id, names and resolver (see identity.py)."""
         fs = Overlay(
-            lower=self._template_rootfs(template),
+            lower=self._container_rootfs(container),
             upper=rootfs_dirs(cdir)[1],
             template_base=self.settings.idmap_base,
             shift=id_base(cdir, self.settings.idmap_base) - self.settings.idmap_base,
@@ -263,13 +331,15 @@ class LxcBackend:
         log = cdir / "start.log"
         lower = cdir / LOWER_MOUNT
         isolated = rootfs_dirs(cdir)[0] == lower
-        spec = self._read_record(sandbox_id)[0].spec
+        stored, extra = self._read_record(sandbox_id)
+        spec = stored.spec
         base = id_base(cdir, self.settings.idmap_base)
         try:
             if isolated:  # the template's root, seen with this sandbox's ids, while LXC mounts the overlay
                 try:
-                    template = self._template_rootfs(spec.template)
-                    idmapped_bind(template, lower, inner=self.settings.idmap_base, outer=base)
+                    made_from = self._made_from(spec.template, extra.get("template_container"))
+                    rootfs = self._container_rootfs(made_from)
+                    idmapped_bind(rootfs, lower, inner=self.settings.idmap_base, outer=base)
                 except OSError as exc:
                     raise BackendError(f"cannot map the template's ids: {exc}", step="start") from exc
             attach_volumes(
@@ -554,10 +624,14 @@ class LxcBackend:
                 self.cgroups.set_frozen(sandbox_id, False)
 
     def snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
-        source = self._read_record(sandbox_id)[0]  # SandboxNotFound without one
+        source, extra = self._read_record(sandbox_id)  # SandboxNotFound without one
         upper = rootfs_dirs(self._dir(sandbox_id))[1]
         template, hold = source.spec.template, self._still(sandbox_id)
-        return self.snapshots.take(name, source_id=sandbox_id, template=template, upper=upper, hold=hold)
+        made_from = self._made_from(template, extra.get("template_container"))
+        return self.snapshots.take(
+            name, source_id=sandbox_id, template=template, upper=upper, hold=hold,
+            template_container=made_from,
+        )  # fmt: skip
 
     def list_snapshots(self) -> builtins.list[SnapshotInfo]:
         return self.snapshots.list()
@@ -566,6 +640,8 @@ class LxcBackend:
         return self.snapshots.delete(name)
 
     def clone_from_snapshot(self, sandbox_id: str, spec: SandboxSpec, name: str) -> SandboxRecord:
-        with self.snapshots.opened(name) as (info, delta):
-            # the delta is a layer over its source's template: the fork is cloned from that one
-            return self.clone(sandbox_id, dataclasses.replace(spec, template=info.template), delta=delta)
+        with self.snapshots.opened(name) as (info, delta, taken_on):
+            # the delta is a layer over its source's template generation: the fork is cloned from that
+            made_from = self._made_from(info.template, taken_on)
+            fork = dataclasses.replace(spec, template=info.template)
+            return self.clone(sandbox_id, fork, delta=delta, container=made_from)

@@ -4,6 +4,7 @@ cannot alter it)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -67,24 +68,37 @@ def id_base(cdir: Path, default: int) -> int:
     return default
 
 
-def write_record(cdir: Path, record: SandboxRecord, owner_start: int | None) -> None:
+def write_record(
+    cdir: Path, record: SandboxRecord, owner_start: int | None, template_container: str | None = None
+) -> None:
+    """Write the record whole; ``template_container`` (the template generation the sandbox was cloned
+    from, generations.py) is given by the clone and kept from the stored record after that."""
+    path = cdir / RECORD_FILE
+    if template_container is None:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            template_container = json.loads(path.read_text()).get("template_container")
     data = dataclasses.asdict(record)
     data["spec"] = spec_to_json(record.spec)
     data["owner_start_time"] = owner_start
-    path = cdir / RECORD_FILE
+    if template_container is not None:
+        data["template_container"] = template_container
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
     tmp.replace(path)
 
 
 def read_record(cdir: Path) -> tuple[SandboxRecord, dict[str, Any]]:
-    """(the record, what else was stored: ``owner_start_time``); SandboxNotFound without one."""
+    """(the record, what else was stored: ``owner_start_time``, ``template_container`` (None in a
+    record written before template generations)); SandboxNotFound without one."""
     try:
         data = json.loads((cdir / RECORD_FILE).read_text())
     except FileNotFoundError as exc:
         raise SandboxNotFound(cdir.name) from exc
     except (OSError, ValueError) as exc:
         raise BackendError(f"record of {cdir.name} is unreadable: {exc}", step="attach") from exc
-    extra = {"owner_start_time": data.pop("owner_start_time", None)}
+    extra = {
+        "owner_start_time": data.pop("owner_start_time", None),
+        "template_container": data.pop("template_container", None),
+    }
     data["spec"] = spec_from_json(data["spec"])
     return SandboxRecord(**data), extra

@@ -55,9 +55,11 @@ class SnapshotStore:
         template: str,
         upper: Path,
         hold: contextlib.AbstractContextManager[None],
+        template_container: str | None = None,
     ) -> SnapshotInfo:
         """Copy ``upper`` (the source's overlay delta) into ``snap-<name>/`` while ``hold`` keeps the
-        source still (frozen); the runtime's record and network state are not part of it."""
+        source still (frozen); the runtime's record and network state are not part of it.
+        ``template_container``: the template generation the delta lies on (forks are cloned from it)."""
         final = self._dir(name)
         if final.exists():
             raise StateConflict(f"a snapshot named {name!r} exists already (delete it first)")
@@ -75,7 +77,8 @@ class SnapshotStore:
                 size_bytes=tree_bytes(tmp / "delta"),
                 template=template,
             )
-            (tmp / SNAPSHOT_FILE).write_text(json.dumps(dataclasses.asdict(info), sort_keys=True))
+            data = {**dataclasses.asdict(info), "template_container": template_container}
+            (tmp / SNAPSHOT_FILE).write_text(json.dumps(data, sort_keys=True))
             try:
                 os.rename(tmp, final)  # atomic; refuses an existing (non-empty) snapshot dir
             except OSError as exc:
@@ -123,14 +126,19 @@ class SnapshotStore:
         return True
 
     @contextlib.contextmanager
-    def opened(self, name: str) -> Iterator[tuple[SnapshotInfo, Path]]:
-        """(its info, its delta dir) for a fork, under the shared lock; SnapshotNotFound if none."""
+    def opened(self, name: str) -> Iterator[tuple[SnapshotInfo, Path, str | None]]:
+        """(its info, its delta dir, the template generation it was taken on: None in a snapshot taken
+        before generations) for a fork, under the shared lock; SnapshotNotFound if none."""
         sdir = self._dir(name)
         with self._lock(exclusive=False):
             info = self._read(sdir)
             if info is None:
                 raise SnapshotNotFound(name)
-            yield info, sdir / "delta"
+            taken_on: str | None = None
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                value = json.loads((sdir / SNAPSHOT_FILE).read_text()).get("template_container")
+                taken_on = value if isinstance(value, str) else None
+            yield info, sdir / "delta", taken_on
 
 
 def fill_clone(delta: Path, upper: Path) -> None:

@@ -25,6 +25,7 @@ import pytest
 import sandbox_rt
 from pve_testserver.env import pve_test_server
 from sandbox_rt import ConfigError, Manager, Settings
+from sandbox_rt.backends.lxc import generations
 
 from ..provision_helpers import HOST_JSON, REPO, run_playbook
 from .conftest import SESSION_LABEL, _sweep, settings_environ
@@ -69,6 +70,10 @@ def named(settings: Settings) -> Iterator[Settings]:
             yield Settings.load()
         finally:
             HOST_JSON.write_bytes(saved)
+            for gen in generations.generations(settings.lxc_path, container.name):  # the slot's link's
+                shutil.rmtree(settings.lxc_path / gen, ignore_errors=True)
+            if container.is_symlink():
+                container.unlink()
             shutil.rmtree(container, ignore_errors=True)
 
 
@@ -95,6 +100,8 @@ def test_host_json_lists_the_template_and_the_container_exists(named: Settings) 
     assert named.templates == {NAME: f"{named.template}-{NAME}"}
     assert Manager(named).templates() == ["default", NAME]
     assert (named.lxc_path / named.templates[NAME] / "rootfs" / MARKER.lstrip("/")).is_file()
+    # a template first built with generations: its slot links to <slot>.<tag>
+    assert generations.resolve(named.lxc_path, named.templates[NAME]).startswith(f"{named.templates[NAME]}.")
 
 
 def test_the_hardening_is_the_default_templates(named: Settings) -> None:
@@ -102,6 +109,7 @@ def test_the_hardening_is_the_default_templates(named: Settings) -> None:
     lean = named.lxc_path / named.templates[NAME] / "rootfs"
     for rel in HARDENED:
         assert (lean / rel).read_bytes() == (default / rel).read_bytes(), rel
+
     def config(template: Path) -> list[str]:  # but its name and rootfs
         lines = (template.parent / "config").read_text().splitlines()
         return [ln for ln in lines if not ln.startswith(("#", "lxc.uts", "lxc.rootfs"))]
@@ -150,19 +158,21 @@ def test_an_unknown_template_makes_nothing(named_manager: Manager) -> None:
     assert {r.id for r in named_manager.list()} == before
 
 
-def test_the_rebuild_guard_sees_sandboxes_of_the_template(named: Settings) -> None:
-    """template_build refuses to replace a rootfs that sandboxes use: with isolated id maps their
-    configs do not name it, their records do."""
-    script = REPO / "roles" / "template_build" / "files" / "template-users.py"
-    rootfs = named.lxc_path / named.templates[NAME] / "rootfs"
+def test_the_prune_guard_sees_sandboxes_of_the_template(named: Settings) -> None:
+    """template_build removes an old template generation only when nothing uses it: with isolated id
+    maps a sandbox's config does not name it, its record does (template_container)."""
+    script = REPO / "roles" / "template_build" / "files" / "template-generations.py"
+    slot = named.templates[NAME]
+    current = generations.resolve(named.lxc_path, slot)
 
-    def users(name: str, root: Path) -> list[str]:
-        argv = [sys.executable, str(script), str(named.lxc_path), name, str(root)]
-        return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout.split()
+    def users(name: str, slot: str, container: str) -> str:
+        argv = [sys.executable, str(script), "users", str(named.lxc_path), slot, name, container]
+        return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
 
     with _create(Manager(named), template=NAME) as sb:
-        assert sb.id in users(NAME, rootfs)
-        assert sb.id not in users("default", named.lxc_path / named.template / "rootfs")
+        assert f"sandbox {sb.id}" in json.loads(users(NAME, slot, current))
+        default = generations.resolve(named.lxc_path, named.template)
+        assert f"sandbox {sb.id}" not in json.loads(users("default", named.template, default))
 
 
 def test_the_cli_lists_and_takes_the_template(named: Settings) -> None:
