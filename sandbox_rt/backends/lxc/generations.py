@@ -21,8 +21,9 @@ the link (``renameat2(RENAME_EXCHANGE)``: creates never see the slot missing) an
 becomes ``<slot>.legacy``, which records without ``template_container`` (written before
 generations) use, and which is pruned like any old generation.
 
-Standard library only: ``roles/template_build`` ships this file (``files/template-generations.py``
-links to it) and runs it with the host's python3 (``main``).
+Standard library only: ``roles/template_build`` ships a copy of this file
+(``files/template-generations.py``: the collection has no ``sandbox_rt/``; a unit test holds the two
+equal) and runs it with the host's python3 (``main``).
 """
 
 from __future__ import annotations
