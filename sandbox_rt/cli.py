@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -69,6 +70,13 @@ def _common_options(*, after_command: bool) -> argparse.ArgumentParser:
         help="how the runtime's log records look on stderr (json: one object per line, with the "
         "event and sandbox id as fields; progress lines are then left out)",
         **(unset or {"default": "text"}),
+    )
+    common.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="append the log records to PATH instead of stderr (reopened when logrotate moves it; "
+        "env SANDBOX_RT_LOG_FILE)",
+        **(unset or {"default": os.environ.get("SANDBOX_RT_LOG_FILE") or None}),
     )
     return common
 
@@ -355,8 +363,8 @@ class _Cli:
     def run(self) -> int:
         a = self.args
         # the long-running commands always say what they do; the others when asked for JSON records
-        if a.log_format == "json" or a.cmd in ("serve", "mcp", "reaper"):
-            logs.configure(a.log_format, level=logging.WARNING if a.quiet else logging.INFO)
+        if a.log_format == "json" or a.log_file or a.cmd in ("serve", "mcp", "reaper"):
+            logs.configure(a.log_format, level=logging.WARNING if a.quiet else logging.INFO, file=a.log_file)
         if a.cmd in ("run", "exec"):
             words = _command(a.command)  # bad usage fails before any sandbox is made
         if a.cmd == "serve":

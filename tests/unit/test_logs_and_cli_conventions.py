@@ -17,7 +17,7 @@ import pytest
 from test_manager_cleanup import FakeBackend, _key
 
 from sandbox_rt import BackendError, Manager, Settings, __version__, logs
-from sandbox_rt.cli import _Formatter, _parser
+from sandbox_rt.cli import _Formatter, _parser, main
 from sandbox_rt.models import SandboxSpec
 
 
@@ -91,6 +91,35 @@ def test_json_lines_carry_the_fields() -> None:
         and first["time"].endswith("+00:00")
     )
     assert second["message"] == "plain text" and "event" not in second
+
+
+def test_a_log_file_is_reopened_after_logrotate_moved_it(tmp_path: Path) -> None:
+    log = tmp_path / "log" / "sandbox-rt-reaper.log"
+    logs.configure("json", file=log)
+    try:
+        logs.event("gc", "sbx-00000000e1", reason="expired")
+        log.rename(log.with_name("sandbox-rt-reaper.log.1"))  # what logrotate does (no copytruncate)
+        logs.event("gc", "sbx-00000000e2", reason="expired")
+    finally:
+        logs.configure("text", level=logging.WARNING, stream=io.StringIO())
+    old = log.with_name("sandbox-rt-reaper.log.1")
+    ids = [[json.loads(line)["sandbox_id"] for line in f.read_text().splitlines()] for f in (old, log)]
+    assert ids == [["sbx-00000000e1"], ["sbx-00000000e2"]]
+    assert [f.stat().st_mode & 0o777 for f in (old, log)] == [0o640, 0o640]
+
+
+def test_an_unwritable_log_file_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    assert main(["--log-file", str(blocker / "x.log"), "reaper", "--once"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the log file" in err and "Traceback" not in err
+
+
+def test_the_log_file_option_is_taken_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOX_RT_LOG_FILE", "/var/log/sandbox_rt/x.log")
+    assert _parser().parse_args(["ls"]).log_file == "/var/log/sandbox_rt/x.log"
+    assert _parser().parse_args(["ls", "--log-file", "/tmp/y.log"]).log_file == "/tmp/y.log"
 
 
 def test_an_unknown_field_is_a_programming_error() -> None:
