@@ -266,7 +266,7 @@ CONTROLS: tuple[Control, ...] = (
     _c("SBX-RES-07", "DNS queries per sandbox are rate-limited",
        "a sandbox flooding the host's dnsmasq for 2 s gets at most rate x time + burst answers; a neighbour "
        "asking 20 times meanwhile loses none",
-       (), _NFT + " (caps: dns_query_rate)"),
+       (), _NFT + " (caps: dns_query_rate; bridge prerouting: dns_port_rate)"),
     _c("SBX-RES-08", "new connections to the host are rate-limited too",
        "300 new flows to the host's DHCP port at once: at most the burst plus the rate reach the host "
        "(SBX-NET-13: forwarded ones)",

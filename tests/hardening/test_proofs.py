@@ -92,10 +92,11 @@ def expect_violation(control: str, check: object, *args: object, match: str = ""
 
 
 @contextlib.contextmanager
-def nft_rule(settings: Settings, chain: str, rule: str) -> Iterator[None]:
-    """Insert ``rule`` at the top of ``chain`` of the inet sandbox table; delete it by handle after."""
+def nft_rule(settings: Settings, chain: str, rule: str, family: str = "inet") -> Iterator[None]:
+    """Insert ``rule`` at the top of ``chain`` of the ``family`` sandbox table; delete it by handle
+    after."""
     tag = f"hardening-proof-{secrets.token_hex(4)}"
-    table = ["inet", settings.nft_table]
+    table = [family, settings.nft_table]
     sh("nft", "insert", "rule", *table, chain, *rule.split(), "comment", f'"{tag}"')
     try:
         yield
@@ -362,7 +363,13 @@ def test_proof_uncapped_conntrack_is_caught(make: Factory, settings: Settings) -
 
 def test_proof_unlimited_dns_is_caught(make: Factory, settings: Settings) -> None:
     flooder, neighbour = make(internet=True), make(internet=True)
-    with nft_rule(settings, "caps", f"ip saddr {flooder.ip} accept"):
+    net = NetState(settings).read(flooder.id)
+    assert net is not None and net.port, f"precondition: {flooder.id} has a bridge port"
+    # the DNS meter is twice: per port where frames enter the bridge, per address in the caps chain
+    with (
+        nft_rule(settings, "prerouting", f'iifname "{net.port}" accept', family="bridge"),
+        nft_rule(settings, "caps", f"ip saddr {flooder.ip} accept"),
+    ):
         expect_violation("SBX-RES-07", nc.check_dns_rate_limited, flooder, neighbour, match="the flooder got")
 
 
