@@ -27,7 +27,7 @@ from .ctconfig import (
 )
 from .errors import PVEError, fail, param_error, perm_error
 from .formats import parse_size, split_list
-from .hookcaps import applied_of, with_applied
+from .hookcaps import REFUSED_PREFIX, applied_of, published_line, with_applied
 from .hostkey import hostkey_of, with_hostkey, without_hostkey
 from .tasks import TaskContext, TaskError
 
@@ -428,7 +428,8 @@ def _do_start(call: Call, ctx: TaskContext, vmid: int, skiplock: bool) -> None:
         call.engine.stop(vmid)
         raise
     # the hookscript's post-start: the caps (hookcaps); PVE only warns when it fails
-    applied = call.engine.post_start(vmid, conf)
+    published = call.engine.post_start(vmid, conf)
+    applied = published.applied
     if applied is None:
         ctx.log(f"hookscript error for {vmid} on post-start: the caps were not applied")
     with call.mutate() as st:
@@ -463,6 +464,11 @@ def _stopper(call: Call, vmid: int, skiplock: bool, timeout: float | None) -> An
             call.engine.stop(vmid)
         else:
             call.engine.shutdown(vmid, timeout)
+            # as on PVE, where the script writes the config itself: its refusal stays, a former one goes
+            if published_line(ct["config"].get("description"), REFUSED_PREFIX) != published.refused:
+                ct["config"]["description"] = with_applied(
+                    ct["config"].get("description"), published.refused, REFUSED_PREFIX
+                )
         ctx.fault_point()
         with call.mutate() as st:
             ct = st.ct(vmid)

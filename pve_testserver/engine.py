@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from .hookcaps import Published
+
 CTConfig = Mapping[str, Any]
 
 
@@ -41,11 +43,12 @@ class Engine(Protocol):
     def start(self, vmid: int, config: CTConfig) -> str:
         """Start the container; returns its SSH host public key line (see ``hostkey``)."""
 
-    def post_start(self, vmid: int, config: CTConfig) -> str | None:
+    def post_start(self, vmid: int, config: CTConfig) -> Published:
         """The hookscript's ``post-start`` on the running CT: the caps of its description's
-        ``sandbox-rt-caps:`` line, bounded by the node's ceilings; returns what it publishes as
-        ``sandbox-rt-caps-applied:`` (``hookcaps``), or None where the script fails (PVE then only
-        warns: the start stays done, nothing is published)."""
+        ``sandbox-rt-caps:`` line, bounded by the node's ceilings; returns what it publishes
+        (``hookcaps.Published``): the ``sandbox-rt-caps-applied:`` value, or none where the script
+        fails (PVE then only warns: the start stays done), with ``sandbox-rt-caps-refused:`` where
+        the node refused the caps (its pids budget)."""
 
     def stop(self, vmid: int) -> None:
         """Stop immediately (``lxc-stop -k``)."""

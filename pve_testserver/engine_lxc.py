@@ -37,7 +37,7 @@ from typing import Any
 
 from .ctconfig import env_lines, parse_kv
 from .engine import CTConfig, EngineError
-from .hookcaps import bookkept
+from .hookcaps import Published, bookkept
 from .hostkey import generate_ed25519, public_line_of
 
 DEFAULT_LXC_PATH = Path("/var/lib/sandbox_rt/lxc")
@@ -218,10 +218,10 @@ class LxcEngine:
         self._lxc("lxc-wait", vmid, "-s", "RUNNING", "-t", "20", timeout=30)
         return public
 
-    def post_start(self, vmid: int, config: CTConfig) -> str | None:
+    def post_start(self, vmid: int, config: CTConfig) -> Published:
         """The caps are bookkeeping on this engine (hookcaps.bookkept): it enforces none of them; the
         node engine runs the real hookscript."""
-        return bookkept(str(config.get("description") or ""))
+        return Published(bookkept(str(config.get("description") or "")))
 
     def stop(self, vmid: int) -> None:
         if self.is_running(vmid):

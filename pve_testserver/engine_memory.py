@@ -8,7 +8,7 @@ from typing import Any
 
 from .ctconfig import parse_kv
 from .engine import CTConfig, EngineError
-from .hookcaps import bookkept
+from .hookcaps import Published, bookkept
 from .hostkey import generate_ed25519
 
 
@@ -52,9 +52,9 @@ class MemoryEngine:
                 self._hostkeys[vmid] = generate_ed25519(f"root@{host}")[1]
             return self._hostkeys[vmid]
 
-    def post_start(self, vmid: int, config: CTConfig) -> str | None:
+    def post_start(self, vmid: int, config: CTConfig) -> Published:
         """The caps are bookkeeping here (hookcaps.bookkept): nothing to enforce them on."""
-        return bookkept(str(config.get("description") or ""))
+        return Published(bookkept(str(config.get("description") or "")))
 
     def stop(self, vmid: int) -> None:
         with self._mutex:

@@ -47,7 +47,7 @@ from . import node_hook, pct_conf
 from .ctconfig import env_lines, parse_kv
 from .engine import CTConfig, EngineError
 from .engine_lxc import LxcEngine, cgroup_lines
-from .hookcaps import applied_of
+from .hookcaps import REFUSED_PREFIX, Published, applied_of, published_line
 
 NODE_LXC_PATH = "/var/lib/lxc"  # inside the node, as on PVE
 NODE_STORAGE = {"local": "/var/lib/vz"}  # PVE's default directory storage
@@ -312,13 +312,14 @@ class NodeEngine(LxcEngine):
         self._lxc("lxc-wait", vmid, "-s", "RUNNING", "-t", "20", timeout=30)
         return public
 
-    def post_start(self, vmid: int, config: CTConfig) -> str | None:
+    def post_start(self, vmid: int, config: CTConfig) -> Published:
         """The node's hookscript, post-start phase, for real in the node (``node_hook``): it writes
         the CT's pids.max and its rootfs disk's IO limits into the nested CT's cgroup and publishes
-        what holds. None when it fails or the node has no hookscript (PVE: a warning, no line)."""
+        what holds. Nothing applied when it fails or the node has no hookscript (PVE: a warning),
+        with the reason it published when the node refused the caps (its pids budget)."""
         if not self.host_path(node_hook.SCRIPT).is_file():
             print(f"vm {vmid} - no hookscript {node_hook.SCRIPT} in the node", file=sys.stderr, flush=True)
-            return None
+            return Published()
         for rel, text in node_hook.SHIMS.items():
             shim = self.host_path(f"{node_hook.PERL_DIR}/{rel}")
             if not shim.is_file() or shim.read_text(encoding="utf-8") != text:
@@ -334,14 +335,15 @@ class NodeEngine(LxcEngine):
                 ["perl", "-I", node_hook.PERL_DIR, node_hook.SCRIPT, str(vmid), "post-start"]
             )
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+            description = str(json.loads(conf_file.read_text()).get("description", ""))
             if proc.returncode != 0:
                 print(
                     f"vm {vmid} - hookscript post-start: {proc.stderr.strip()[-1500:]}",
                     file=sys.stderr,
                     flush=True,
                 )
-                return None
-            return applied_of(str(json.loads(conf_file.read_text()).get("description", "")))
+                return Published(refused=published_line(description, REFUSED_PREFIX))
+            return Published(applied_of(description))
         finally:
             conf_file.unlink(missing_ok=True)
 

@@ -15,12 +15,33 @@ enforce nothing (docs/pve-test-server.md).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
-__all__ = ["APPLIED_PREFIX", "CAPS_PREFIX", "DEFAULT_CEILINGS", "applied_of", "bookkept", "with_applied"]
+__all__ = [
+    "APPLIED_PREFIX",
+    "CAPS_PREFIX",
+    "DEFAULT_CEILINGS",
+    "REFUSED_PREFIX",
+    "Published",
+    "applied_of",
+    "bookkept",
+    "published_line",
+    "with_applied",
+]
 
 CAPS_PREFIX = "sandbox-rt-caps: "
 APPLIED_PREFIX = "sandbox-rt-caps-applied: "
+REFUSED_PREFIX = "sandbox-rt-caps-refused: "  # the node refused the caps (its pids budget): why
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """What a post-start published in the CT's description: the caps applied, or why they were
+    refused (a failed script publishes at most the latter)."""
+
+    applied: str | None = None
+    refused: str | None = None
 # roles/proxmox_hookscript/defaults/main.yml (proxmox_hookscript_*_ceiling) and the script's defaults
 DEFAULT_CEILINGS = {"pids_max": 65536, "disk_mbps": 10000, "disk_iops": 1000000}
 _CAPS = re.compile(r"pids_max=(\d{1,9}) disk_mbps=(\d{1,9}) disk_iops=(\d{1,9})\s*")
@@ -43,17 +64,23 @@ def bookkept(description: str | None, ceilings: dict[str, int] | None = None) ->
     return " ".join([*(f"{n}={v}" for n, v in eff.items()), "device=-"])
 
 
-def applied_of(description: str | None) -> str | None:
-    """The applied line's value in ``description`` (None without one)."""
+def published_line(description: str | None, prefix: str = APPLIED_PREFIX) -> str | None:
+    """The value of ``description``'s line that starts with ``prefix`` (None without one)."""
     for line in (description or "").splitlines():
-        if line.startswith(APPLIED_PREFIX):
-            return line[len(APPLIED_PREFIX) :].strip()
+        if line.startswith(prefix):
+            return line[len(prefix) :].strip()
     return None
 
 
-def with_applied(description: str | None, applied: str | None) -> str:
-    """``description`` with its applied line set to ``applied`` (None: removed); other lines kept."""
-    lines = [ln for ln in (description or "").splitlines() if not ln.startswith(APPLIED_PREFIX)]
+def applied_of(description: str | None) -> str | None:
+    """The applied line's value in ``description`` (None without one)."""
+    return published_line(description, APPLIED_PREFIX)
+
+
+def with_applied(description: str | None, applied: str | None, prefix: str = APPLIED_PREFIX) -> str:
+    """``description`` with its ``prefix`` line (the applied one) set to ``applied`` (None: removed);
+    other lines kept."""
+    lines = [ln for ln in (description or "").splitlines() if not ln.startswith(prefix)]
     if applied is not None:
-        lines.append(APPLIED_PREFIX + applied)
+        lines.append(prefix + applied)
     return "\n".join(lines) + "\n" if lines else ""

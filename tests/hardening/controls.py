@@ -283,9 +283,11 @@ CONTROLS: tuple[Control, ...] = (
        "roles/proxmox_hookscript/files/sandbox-rt-hookscript.pl (PVE: post-start)"),
     _c("SBX-RES-11", "the sandboxes' pids limits together leave the host its pids",
        "kernel.pid_max holds the promised density at the default pids_max; a create past the budget "
-       "(7/8 of pid_max, summed over the sandboxes' pids_max) is refused and leaves nothing",
+       "(7/8 of pid_max, summed over the sandboxes' pids_max) is refused and leaves nothing; PVE: the "
+       "node's hookscript sums its CTs' pids.max at post-start and refuses one past the node's budget",
        (), "sandbox_rt/backends/lxc/hostcaps.py (check_pids_budget)",
-       "roles/lxc_host/defaults/main.yml (pid_max)"),
+       "roles/lxc_host/defaults/main.yml (pid_max)",
+       "roles/proxmox_hookscript/files/sandbox-rt-hookscript.pl (PVE: check_pids_budget)"),
     _c("SBX-RES-12", "a sandbox sees its own memory and CPUs",
        "/proc/meminfo, free, nproc, os.cpu_count(), /proc/cpuinfo, /proc/stat show its limits, /proc/uptime "
        "its own (lxcfs, bound in without hooks; cpus pinned to ceil(cpus) cores)",

@@ -11,6 +11,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import sandbox_rt
@@ -288,6 +289,38 @@ def check_pids_over_budget_refused(mgr: sandbox_rt.Manager, labels: dict[str, st
         require(c, not left, f"a refused create left {left}")
     finally:
         first.destroy()
+
+
+def check_node_pids_budget_refused(make: Callable[..., Target], mgr: sandbox_rt.Manager) -> None:
+    """PVE: the node's hookscript keeps the sum of its CTs' pids limits within the node's budget. A
+    cgroup planted beside the CTs' (where pve-container puts them) takes all of the budget the CTs
+    leave; a new sandbox is then refused (BackendError naming the pids budget) and leaves nothing;
+    with the cgroup gone, the same create works."""
+    c = "SBX-RES-11"
+    first = make(pids_max=64, memory_mb=128)  # any running CT: its cgroup's parent holds the node's CTs
+    site = site_of(first)
+    parent = site.cgroup_dir(first.ct, "pids" if checks.CGROUP_V1 else "").parent
+    node_pid_max = int(site.run("cat", "/proc/sys/kernel/pid_max").stdout)  # per pid namespace since 6.14
+    taken = 0
+    for limit in parent.glob("*/pids.max"):
+        value = limit.read_text().strip()
+        taken += int(value) if value.isdigit() else 0
+    planted = parent / f"sandbox-rt-budget-probe-{os.getpid()}"
+    planted.mkdir()
+    try:
+        (planted / "pids.max").write_text(f"{pid_budget(node_pid_max) - taken}\n")
+        before = {r.id for r in mgr.list()}
+        try:
+            second = make(pids_max=64, memory_mb=128)
+        except sandbox_rt.BackendError as exc:
+            require(c, "pids budget" in str(exc), f"refused for another reason: {exc}")
+        else:
+            checks.violated(c, f"{second.id} started with the node's pids budget spent")
+        left = {r.id for r in mgr.list()} - before
+        require(c, not left, f"a refused create left {left}")
+    finally:
+        planted.rmdir()
+    make(pids_max=64, memory_mb=128).sb.exec("true")
 
 
 # -- SBX-RES-12: a sandbox sees its own limits ----------------------------------------------------

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from pve_testserver import hostkey_of
+from sandbox_rt.caps import PID_RESERVE_FRACTION, pid_budget
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "roles" / "proxmox_hookscript" / "files" / "sandbox-rt-hookscript.pl"
@@ -145,6 +146,7 @@ class CT:
             STUB_CGROUP_VERSION=str(self.cgroup_version),
             STUB_VOLUME_PATH=self.volume_path,
             SANDBOX_RT_HOOKSCRIPT_CONF=str(self.ceilings),
+            SANDBOX_RT_HOOKSCRIPT_PIDS_LOCK=str(self.stubs / "pids.lock"),
         )
         return subprocess.run(
             ["perl", "-I", str(self.stubs), str(SCRIPT), str(self.vmid), phase],
@@ -398,7 +400,8 @@ def test_without_disk_caps_no_block_device_is_needed(ct: CT, anonymous_root: tup
     _ask(ct, 256, 0, 0)
     assert ct.hook("post-start").returncode == 0
     assert (ct.cgroup / "pids/pids.max").read_text() == "256\n"
-    assert _applied(ct) == {"pids_max": "256", "disk_mbps": "0", "disk_iops": "0", "device": "-"}
+    applied = _applied(ct)
+    assert applied is not None and applied["pids_max"] == "256"
     assert not any((ct.cgroup / "blkio").iterdir())
 
 
@@ -412,3 +415,47 @@ def test_pre_start_drops_a_former_starts_caps(ct: CT) -> None:
     assert _applied(ct) is None
     assert hostkey_of(ct.description) is not None  # the key line stays
     assert f"{CAPS}pids_max=256 disk_mbps=20 disk_iops=200" in ct.description.splitlines()
+
+
+# -- post-start: the node's pids budget ----------------------------------------------------------
+REFUSED = "sandbox-rt-caps-refused: "
+
+
+def _node_budget() -> int:
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    return pid_budget(pid_max)
+
+
+def _other_ct(ct: CT, name: str, pids_max: str) -> None:
+    """Another CT's limiting cgroup beside this one's (pve-container's lxc/<vmid>), with its limit."""
+    (ct.cgroup / name).mkdir()
+    (ct.cgroup / name / "pids.max").write_text(f"{pids_max}\n")
+
+
+def test_the_script_keeps_the_runtimes_pid_reserve() -> None:
+    assert f"my $PID_RESERVE_FRACTION = {PID_RESERVE_FRACTION};" in SCRIPT.read_text()
+
+
+def test_a_ct_that_would_overdraw_the_nodes_pids_budget_is_refused(ct: CT) -> None:
+    _other_ct(ct, "201", str(_node_budget() - 100))
+    _ask(ct, 256, 0, 0)
+    result = ct.hook("post-start")
+    assert result.returncode != 0 and "pids budget" in result.stderr
+    assert not (ct.cgroup / "pids/pids.max").exists()  # no limit written, no caps published
+    assert _applied(ct) is None
+    refused = [line for line in ct.description.splitlines() if line.startswith(REFUSED)]
+    assert len(refused) == 1 and "pids_max=256 does not fit" in refused[0], ct.description
+    assert ct.hook("pre-start").returncode == 0  # the next start says for itself
+    assert not any(line.startswith(REFUSED) for line in ct.description.splitlines())
+
+
+@needs_block_root
+def test_a_ct_that_fits_the_budget_starts_and_unlimited_cts_are_not_counted(ct: CT) -> None:
+    _other_ct(ct, "201", str(_node_budget() - 300))
+    _other_ct(ct, "202", "max")  # a CT without a limit cannot be budgeted
+    _ask(ct, 256, 0, 0)
+    result = ct.hook("post-start")
+    assert result.returncode == 0, result.stderr
+    assert (ct.cgroup / "pids/pids.max").read_text() == "256\n"
+    applied = _applied(ct)
+    assert applied is not None and applied["pids_max"] == "256"

@@ -15,7 +15,7 @@ import pytest
 from pve_fixtures import TEMPLATE, pve_server, pve_settings
 
 from pve_testserver import PVETestServer
-from pve_testserver.hookcaps import bookkept
+from pve_testserver.hookcaps import Published, bookkept
 from sandbox_rt.backends.proxmox import ProxmoxBackend
 from sandbox_rt.backends.proxmox.description import applied_caps_of, caps_line
 from sandbox_rt.errors import BackendError, ConfigError
@@ -53,7 +53,8 @@ def test_the_caps_line_asks_for_the_spec_and_the_start_confirms_it(pve: Any) -> 
 def test_a_start_without_confirmed_caps_is_refused(pve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     backend, _api, srv = pve
     backend.clone("sbx-00000000c2", SandboxSpec())
-    monkeypatch.setattr(srv.engine, "post_start", lambda vmid, config: None)  # a node without the script
+    # a node without the script
+    monkeypatch.setattr(srv.engine, "post_start", lambda vmid, config: Published())
     with pytest.raises(BackendError, match="without confirming its caps") as caught:
         backend.start("sbx-00000000c2")
     assert caught.value.step == "start"
@@ -65,7 +66,9 @@ def test_a_request_above_the_nodes_ceiling_is_a_config_error(
     backend, _api, srv = pve
     ceilings = {"pids_max": 4096, "disk_mbps": 50, "disk_iops": 1000}
     monkeypatch.setattr(
-        srv.engine, "post_start", lambda vmid, config: bookkept(str(config.get("description")), ceilings)
+        srv.engine,
+        "post_start",
+        lambda vmid, config: Published(bookkept(str(config.get("description")), ceilings)),
     )
     backend.clone("sbx-00000000c3", SandboxSpec(pids_max=8192, disk_mbps=20))
     with pytest.raises(ConfigError, match=r"pids_max at 4096 \(asked 8192\)"):
@@ -75,10 +78,27 @@ def test_a_request_above_the_nodes_ceiling_is_a_config_error(
     assert backend.start("sbx-00000000c4").spec.disk_mbps == 0
 
 
+def test_a_start_the_node_refused_says_why_and_leaves_nothing(
+    pve: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox_rt import Manager
+
+    backend, api, srv = pve
+    before = _cts(api)
+    why = "pids budget: the node's CTs hold 3670000 of 3670016 pids (kernel.pid_max=4194304 less its reserve)"
+    monkeypatch.setattr(srv.engine, "post_start", lambda vmid, config: Published(refused=why))
+    with pytest.raises(BackendError, match="the node refused its caps: pids budget: ") as caught:
+        Manager(backend.settings, backend=backend).create(pids_max=128)
+    assert caught.value.step == "start"
+    assert _cts(api) == before
+
+
 def test_looser_caps_than_asked_are_refused(pve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     backend, _api, srv = pve
     monkeypatch.setattr(
-        srv.engine, "post_start", lambda vmid, config: "pids_max=4096 disk_mbps=20 disk_iops=200 device=7:0"
+        srv.engine,
+        "post_start",
+        lambda vmid, config: Published("pids_max=4096 disk_mbps=20 disk_iops=200 device=7:0"),
     )
     backend.clone("sbx-00000000c5", SandboxSpec(pids_max=128, disk_mbps=20, disk_iops=200))
     with pytest.raises(BackendError, match=r"pids_max=4096 \(asked 128\)"):
@@ -104,7 +124,7 @@ def test_a_create_whose_caps_do_not_hold_leaves_nothing(pve: Any, monkeypatch: p
 
     backend, api, srv = pve
     before = _cts(api)
-    monkeypatch.setattr(srv.engine, "post_start", lambda vmid, config: None)
+    monkeypatch.setattr(srv.engine, "post_start", lambda vmid, config: Published())
     manager = Manager(backend.settings, backend=backend)
     with pytest.raises(BackendError, match="without confirming its caps"):
         manager.create(pids_max=128)

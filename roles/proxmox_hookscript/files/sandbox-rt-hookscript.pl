@@ -24,6 +24,12 @@
 # The runtime compares that line with the request after the start task and refuses a sandbox whose
 # caps did not come out as asked (PVE only warns when a post-start hookscript fails, so the line,
 # not the exit code, is what proves the caps).
+# The node's pids budget: the pids limits of all CTs on the node (their limiting cgroups, siblings
+# of this one) may add up to kernel.pid_max less 1/8 (sandbox_rt.caps.pid_budget), so sandboxes
+# together cannot exhaust the node's pids. Checked and written under one node-wide lock, so two
+# starts cannot both take the last share. A CT that does not fit gets no caps and the line
+#     sandbox-rt-caps-refused: pids budget: ...
+# which the runtime reports (it then destroys the CT).
 #
 # The start task holds the CT's config lock while hookscripts run (pre-start and post-start both run
 # inside vm_start, under lock_config), so `pct set` (which takes the same lock) would wait for it and
@@ -37,7 +43,8 @@
 use strict;
 use warnings;
 
-use Fcntl qw(O_WRONLY O_CREAT O_EXCL O_NOFOLLOW S_ISDIR S_ISBLK);
+use Fcntl qw(O_WRONLY O_CREAT O_EXCL O_NOFOLLOW S_ISDIR S_ISBLK :flock);
+use File::Basename qw(dirname);
 use File::Temp qw(tempdir);
 use POSIX ();
 
@@ -55,6 +62,11 @@ my $CEILINGS_FILE = $ENV{SANDBOX_RT_HOOKSCRIPT_CONF} // '/etc/sandbox_rt/pve-hoo
 # Without the file: the role's defaults (roles/proxmox_hookscript/defaults/main.yml).
 my %CEILING_DEFAULTS = (pids_max => 65536, disk_mbps => 10000, disk_iops => 1000000);
 my @CAPS = qw(pids_max disk_mbps disk_iops);
+my $REFUSED_PREFIX = 'sandbox-rt-caps-refused: ';
+# sandbox_rt/caps.py PID_RESERVE_FRACTION: the node keeps 1/8 of pid_max for itself (a unit test
+# holds the two equal).
+my $PID_RESERVE_FRACTION = 8;
+my $PIDS_LOCK = $ENV{SANDBOX_RT_HOOKSCRIPT_PIDS_LOCK} // '/run/sandbox-rt-hookscript-pids.lock';
 
 my ($vmid, $phase) = @ARGV;
 die "usage: $0 <vmid> <phase>\n" if !defined($phase) || $vmid !~ m/^\d+$/;
@@ -91,8 +103,10 @@ exit(0);
 
 sub pre_start {
     my $conf = PVE::LXC::Config->load_config($vmid);
-    if (grep { index($_, $APPLIED_PREFIX) == 0 } description_lines($conf)) {
-        set_lines($conf, $APPLIED_PREFIX); # a former start's caps say nothing about this one
+    # a former start's caps (applied or refused) say nothing about this one
+    if (grep { index($_, $APPLIED_PREFIX) == 0 || index($_, $REFUSED_PREFIX) == 0 } description_lines($conf)) {
+        set_lines($conf, $APPLIED_PREFIX);
+        set_lines($conf, $REFUSED_PREFIX);
         PVE::LXC::Config->write_config($vmid, $conf);
     }
     return if grep { index($_, $PREFIX) == 0 } description_lines($conf); # key and line exist
@@ -244,6 +258,8 @@ sub post_start {
 
     my ($pids, undef) = $cgroup->get_path('pids', 1);
     die "CT $vmid: no pids cgroup\n" if !defined($pids);
+    my $lock = pids_budget_lock(); # held until this script exits
+    check_pids_budget($pids, $eff->{pids_max});
     write_file("$pids/pids.max", $eff->{pids_max});
     my $now = slurp("$pids/pids.max");
     chomp($now);
@@ -280,4 +296,47 @@ sub post_start {
     set_lines($conf, $APPLIED_PREFIX, $APPLIED_PREFIX . $applied);
     PVE::LXC::Config->write_config($vmid, $conf);
     print "sandbox-rt: CT $vmid caps $applied\n";
+}
+
+# -- the node's pids budget ------------------------------------------------------------------------
+
+sub pids_budget_lock {
+    open(my $fh, '>>', $PIDS_LOCK) or die "cannot open $PIDS_LOCK: $!\n";
+    flock($fh, LOCK_EX) or die "cannot lock $PIDS_LOCK: $!\n";
+    return $fh;
+}
+
+# The pids limits the other CTs of this node hold: the numeric pids.max of each sibling of this CT's
+# limiting cgroup (a CT without a limit, "max", cannot be budgeted and is not counted).
+sub pids_taken {
+    my ($own) = @_;
+    my $parent = dirname($own);
+    opendir(my $dh, $parent) or die "cannot list $parent: $!\n";
+    my $taken = 0;
+    for my $entry (readdir($dh)) {
+        next if $entry eq '.' || $entry eq '..';
+        my $dir = "$parent/$entry";
+        next if $dir eq $own || -l $dir || !-d $dir || !-f "$dir/pids.max";
+        my $value = eval { slurp("$dir/pids.max") } // next;
+        chomp($value);
+        $taken += $value if $value =~ m/^\d{1,10}$/;
+    }
+    closedir($dh);
+    return $taken;
+}
+
+sub check_pids_budget {
+    my ($own, $want) = @_;
+    my $pid_max = slurp('/proc/sys/kernel/pid_max');
+    chomp($pid_max);
+    die "CT $vmid: kernel.pid_max is '$pid_max'\n" if $pid_max !~ m/^\d+$/;
+    my $budget = $pid_max - int($pid_max / $PID_RESERVE_FRACTION);
+    my $taken = pids_taken($own);
+    return if $taken + $want <= $budget;
+    my $why = "pids budget: the node's CTs hold $taken of $budget pids (kernel.pid_max=$pid_max less its "
+        . "reserve), pids_max=$want does not fit; destroy sandboxes or ask for a smaller pids_max";
+    my $conf = PVE::LXC::Config->load_config($vmid);
+    set_lines($conf, $REFUSED_PREFIX, $REFUSED_PREFIX . $why);
+    PVE::LXC::Config->write_config($vmid, $conf);
+    die "CT $vmid: $why\n";
 }

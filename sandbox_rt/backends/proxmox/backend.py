@@ -24,7 +24,15 @@ from ..base import GcCandidate
 from ..owner import owner_alive
 from ..records import ROOT_ENV, new_record, updated_record
 from .core import NodeUnreachable, pve_bool
-from .description import CAPS, TAG, applied_caps_of, caps_mismatch, sandbox_id_tag, tags_of
+from .description import (
+    CAPS,
+    TAG,
+    applied_caps_of,
+    caps_mismatch,
+    refused_caps_of,
+    sandbox_id_tag,
+    tags_of,
+)
 from .firewall import PveFirewall
 from .placement import NodeView, cluster_view, rank
 from .snapshots import PveSnapshots
@@ -333,6 +341,10 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
             )
         return record
 
+        refused = refused_caps_of(str(conf.get("description", "")))
+        if applied is None and refused is not None:
+            why = f"CT {vmid} on node {node}: the node refused its caps: {refused}"
+            raise BackendError(why, step="start")
     def stop(self, sandbox_id: str) -> None:
         node, vmid = self._find(sandbox_id)
         ct = self._ct(node, vmid)

@@ -17,6 +17,7 @@ __all__ = [
     "CAPS",
     "CAPS_APPLIED_PREFIX",
     "CAPS_PREFIX",
+    "CAPS_REFUSED_PREFIX",
     "HOSTKEY_PREFIX",
     "RECORD_PREFIX",
     "TAG",
@@ -26,6 +27,7 @@ __all__ = [
     "caps_mismatch",
     "host_key_of",
     "parse_record",
+    "refused_caps_of",
     "sandbox_id_tag",
     "snapshot_template",
     "tags_of",
@@ -40,6 +42,8 @@ HOSTKEY_PREFIX = "sandbox-rt-ssh-host-key: "
 CAPS = ("pids_max", "disk_mbps", "disk_iops")
 CAPS_PREFIX = "sandbox-rt-caps: "
 CAPS_APPLIED_PREFIX = "sandbox-rt-caps-applied: "
+# published instead when the node refused the CT's caps (its pids budget): why, in the node's words
+CAPS_REFUSED_PREFIX = "sandbox-rt-caps-refused: "
 _APPLIED = re.compile(r"pids_max=(\d{1,9}) disk_mbps=(\d{1,9}) disk_iops=(\d{1,9}) device=(\d+:\d+|-)")
 # a snapshot's description ends with this and its source's template (forks are of that template)
 TEMPLATE_NOTE = "; template "
@@ -94,6 +98,15 @@ def applied_caps_of(description: str) -> dict[str, int | str] | None:
             values: dict[str, int | str] = {name: int(m.group(i + 1)) for i, name in enumerate(CAPS)}
             values["device"] = m.group(4)
             return values
+    return None
+
+
+def refused_caps_of(description: str) -> str | None:
+    """Why the node's hookscript refused the CT's caps at its last start (None if it did not): the
+    node's own words, shortened (they come from a node, not from the sandbox)."""
+    for line in description.splitlines():
+        if line.startswith(CAPS_REFUSED_PREFIX):
+            return line[len(CAPS_REFUSED_PREFIX) :].strip()[:500]
     return None
 
 
