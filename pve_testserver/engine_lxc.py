@@ -1,8 +1,9 @@
 """LXC engine: every PVE CT is a real overlay clone of the host's template container.
 
-* create / clone: ``lxc-copy -P <lxc_path> -n <template> -N pve-<vmid> -s -B overlayfs`` (the
-  PVE-level source CT only contributes its config; the bits always come from the host template,
-  see docs/host-contract.md).
+* create / clone: ``lxc-copy -P <lxc_path> -n <template> -N pve-<vmid> -s -B overlayfs`` (a CT
+  made by create, or a named template, only contributes its config: the bits come from the host
+  template, see docs/host-contract.md); a clone of a CT that is itself a clone (a build CT converted
+  to a template, issue 27) also gets a copy of that CT's upper dir: its own files.
 * config -> LXC config keys (rewritten on every change, other lines kept): ``lxc.uts.name``
   (hostname), ``net0`` -> ``lxc.net.0.{link,name,hwaddr,ipv4.address,ipv4.gateway,veth.pair}``,
   ``memory``/``swap``/``cores`` -> cgroup v1 (``lxc.cgroup.memory.limit_in_bytes``,
@@ -60,6 +61,7 @@ _MANAGED_PREFIXES = (
     "lxc.environment",
 )
 _CFS_PERIOD = 100_000
+_CREATED_MARK = "pve-engine-created"  # in the container dir of a CT made by create (not a clone)
 _MIB = 1024 * 1024
 
 
@@ -173,6 +175,8 @@ class LxcEngine:
 
     def create(self, vmid: int, config: CTConfig, ostemplate: str = "", ssh_public_keys: str = "") -> None:
         self._copy(self.template, vmid, config)
+        # made from the OS template (the host's LXC template): nothing of its own to clone
+        (self._config_path(vmid).parent / _CREATED_MARK).touch()
 
     def _copy(self, template: str, vmid: int, config: CTConfig) -> None:
         if self._config_path(vmid).exists():
@@ -194,7 +198,24 @@ class LxcEngine:
         self.apply_config(vmid, config)
 
     def clone(self, source_vmid: int, vmid: int, config: CTConfig) -> None:
-        self._copy(self.templates.get(source_vmid, self.template), vmid, config)
+        """A clone of a named template copies its LXC template; of a CT made by ``create``, the
+        host's template; of any other CT (a clone itself, e.g. a build CT converted to a template),
+        that CT's own files: its lower layer's template plus a copy of its upper dir."""
+        if source_vmid in self.templates:
+            self._copy(self.templates[source_vmid], vmid, config)
+            return
+        source_dir = self._config_path(source_vmid).parent
+        if not (source_dir / "config").is_file() or (source_dir / _CREATED_MARK).exists():
+            self._copy(self.template, vmid, config)
+            return
+        lower, upper, _uid = self._overlay_dirs(source_vmid)
+        self._copy(lower.parent.name if lower.parent.parent == self.lxc_path else self.template, vmid, config)
+        try:
+            new_upper = self._overlay_dirs(vmid)[1]
+            self._run(["cp", "-a", "--no-target-directory", "--", str(upper), str(new_upper)])
+        except BaseException:
+            self.destroy(vmid)
+            raise
 
     def apply_config(self, vmid: int, config: CTConfig) -> None:
         path = self._config_path(vmid)

@@ -87,6 +87,13 @@ class Settings:
     # count for the node that holds them (docs/proxmox.md, "Placement")
     pve_node_templates: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     pve_pool: str = "sandbox-pool"
+    # templates from code on PVE (Manager.build_template / remove_template, docs/templates.md): a
+    # root-only (0600) file holding the operator's admin API token, USER@REALM!TOKENID=SECRET. The
+    # runtime's own token cannot convert a CT to a template, move it out of its pool or grant ACLs.
+    pve_admin_token_file: str = ""
+    # the clone-only role a built template gets for the runtime's user and token on /vms/<vmid>, as
+    # roles/proxmox_access grants it on the inventory's templates (proxmox_access_template_role)
+    pve_template_role: str = "SandboxTemplateClone"
     # how long one PVE task (clone, start, resize, destroy) may run, and how long a "CT is locked"
     # answer is retried; a task still running then is stopped and the step fails (BackendError)
     pve_task_timeout_s: float = 300.0
@@ -188,8 +195,15 @@ class Settings:
 
     def template_names(self) -> list[str]:
         """The templates ``create(template=...)`` may name on this host: ``default`` first."""
-        named = self.pve_templates if self.backend == "proxmox" else self.lxc_templates()
+        named = self.pve_template_vmids() if self.backend == "proxmox" else self.lxc_templates()
         return [DEFAULT_TEMPLATE, *sorted(named)]
+
+    def pve_template_vmids(self) -> dict[str, int]:
+        """Named template -> VMID of its CT template on Proxmox VE: host.json's ``pve_templates``
+        and the ones built from code (``<state_dir>/templates.json``, read live)."""
+        from .templates.registry import built_vmids
+
+        return {**built_vmids(self.state_dir), **self.pve_templates}
 
     def lxc_templates(self) -> dict[str, str]:
         """Named template -> container: host.json's ``templates`` and the ones built from code
@@ -213,6 +227,8 @@ class Settings:
             raise ConfigError("no PVE token secret: set SANDBOX_RT_PVE_TOKEN_SECRET or pve_token_secret_file")
         if self.pve_template_vmid < 100:
             raise ConfigError(f"pve_template_vmid={self.pve_template_vmid!r} must be a VMID (>= 100)")
+        if not re.fullmatch(r"[A-Za-z0-9.\-_]+", self.pve_template_role):
+            raise ConfigError(f"pve_template_role={self.pve_template_role!r} is not a PVE role id")
         self._validate_node_templates()
 
     def _validate_node_templates(self) -> None:

@@ -8,6 +8,11 @@
 3. The sandbox stops; the hardening checks read its delta (:mod:`.checks`); the delta over the base
    becomes a template container (:mod:`.lxc_store`), recorded in the registry (:mod:`.registry`).
 Any failure or interrupt: the build sandbox is destroyed and no template is recorded.
+
+On Proxmox VE (:mod:`.pve_store`) the same build sandbox (its egress names resolved on this machine:
+PVE's firewall matches addresses only), the same steps; the hardening controls are snapshots taken
+inside the CT before and after the steps (:mod:`.ct_checks`); the stopped CT itself becomes a CT
+template, outside the runtime's pool, with the operator's admin token (``pve_admin_token_file``).
 """
 
 from __future__ import annotations
@@ -50,10 +55,9 @@ class BuildResult:
 
 
 def _backend_check(manager: Manager) -> None:
-    if manager.settings.backend != "lxc":
+    if manager.settings.backend not in ("lxc", "proxmox"):
         raise ConfigError(
-            f"building templates from code is not available on backend {manager.settings.backend!r} yet "
-            "(embedded LXC only; Proxmox VE: build with the inventory's template_build_templates)"
+            f"building templates from code is not available on backend {manager.settings.backend!r}"
         )
 
 
@@ -61,7 +65,7 @@ def _check_name(manager: Manager, name: str) -> None:
     check_template_name(name)
     if name == DEFAULT_TEMPLATE:
         raise ConfigError(f"{DEFAULT_TEMPLATE!r} is the host's default template, not a name to build")
-    if name in manager.settings.templates:
+    if name in manager.settings.templates or name in manager.settings.pve_templates:
         raise ConfigError(f"template {name!r} is the inventory's (host.json templates): choose another name")
 
 
@@ -96,6 +100,8 @@ def build_template(
     _backend_check(manager)
     _check_name(manager, name)
     log = on_log or (lambda _line: None)
+    if manager.settings.backend == "proxmox":
+        return _build_on_pve(manager, template, name, log, skip_cache)
     settings = manager.settings
     registry = TemplateRegistry(settings.state_dir)
     t0 = time.monotonic()
@@ -171,10 +177,138 @@ def remove_template(manager: Manager, name: str) -> BuiltTemplate:
     check_template_name(name)
     registry = TemplateRegistry(manager.settings.state_dir)
     with registry.building(name):
-        if registry.get(name) is None:
+        found = registry.get(name)
+        if found is None or found.backend != manager.settings.backend:
             raise ConfigError(f"no template named {name!r} was built from code on this host")
+        if found.backend == "proxmox":
+            from .pve_store import admin_core, delete_template
+
+            admin = admin_core(manager.settings, "remove templates built from code")
+            _refuse_if_used(manager, name, "remove")
+            assert found.vmid is not None
+            delete_template(admin, found.vmid, name=name)  # PVE's refusal keeps the entry
+            registry.remove(name)
+            return found
         _refuse_if_used(manager, name, "remove")
         entry = registry.remove(name)
         assert entry is not None
         remove_container(manager.settings, entry.container)
     return entry
+
+
+def _build_on_pve(manager: Manager, template: Template, name: str, log: Log, skip_cache: bool) -> BuildResult:
+    """The Proxmox VE build (module docstring; the API side: :mod:`.pve_store`)."""
+    from ..backends.proxmox import ProxmoxBackend
+    from . import pve_store
+    from .ct_checks import CLEANUP_SCRIPT, compare_controls, controls_of
+    from .lxc_store import container_name
+
+    settings = manager.settings
+    admin = pve_store.admin_core(settings)  # a clear ConfigError before anything is made
+    backend = manager.backend
+    if not isinstance(backend, ProxmoxBackend):
+        raise ConfigError(f"backend=proxmox with a {type(backend).__name__}: cannot build templates on it")
+    registry = TemplateRegistry(settings.state_dir)
+    t0 = time.monotonic()
+    settings.check_template(template.base)
+    with registry.building(name):
+        entries = registry.read()
+        base_entry = entries.get(template.base)
+        if base_entry is not None and base_entry.backend != "proxmox":
+            base_entry = None
+        key = cache_key(template, pve_store.base_identity(backend, template.base, base_entry))
+        old = entries.get(name)
+        if old is not None and old.backend != "proxmox":
+            old = None
+        if (
+            old is not None
+            and old.key == key
+            and not skip_cache
+            and old.vmid is not None
+            and pve_store.template_exists(backend, old.vmid)
+        ):
+            log(f"cache hit: {name} is CT template {old.vmid} (key {key[:12]})")
+            return BuildResult(old, True, time.monotonic() - t0)
+        if old is not None:
+            _refuse_if_used(manager, name, "rebuild")
+        log(f"building {name} from {template.base} ({len(template.steps)} steps, key {key[:12]})")
+        from .ops import apply_steps  # pyinfra: imported only when something is built
+
+        egress, hosts = pve_store.resolve_egress(template.egress())
+        if hosts:
+            log(
+                "build egress names resolved here (PVE's firewall takes addresses): "
+                + ", ".join(f"{n}={'/'.join(a)}" for n, a in sorted(hosts.items()))
+            )
+        log(f"build sandbox egress: {', '.join(egress) or '(none)'}")
+        sandbox = manager.create(
+            root=True,
+            template=template.base,
+            egress=egress,
+            memory_mb=BUILD_MEMORY_MB,
+            ttl_s=BUILD_TTL_S,
+            labels={BUILD_LABEL: name},
+            progress=lambda msg: log(f"build sandbox: {msg}"),
+        )
+        user = settings.ssh_user
+        timeout_s = max(settings.command_timeout_s, 1800.0)
+        entry = BuiltTemplate(
+            name=name,
+            container=container_name(name, key),
+            key=key,
+            base=template.base,
+            backend="proxmox",
+            built_at=time.time(),
+            steps=tuple(s.describe() for s in template.steps),
+            vmid=None,
+        )
+        node = ""
+        try:
+            node, vmid = backend._find(sandbox.id)
+            entry = dataclasses.replace(entry, vmid=vmid)
+            if hosts:
+                block = pve_store.hosts_block(hosts)
+                sandbox.exec("cat >> /etc/hosts", user="root", stdin=block.encode(), check=True, timeout=60)
+            log("reading the hardening controls before the steps")
+            before = controls_of(sandbox, user=user)
+            apply_steps(sandbox, list(template.steps), log, timeout_s=timeout_s)
+            log("checking the hardening controls")
+            compare_controls(before, controls_of(sandbox, user=user), user=user)
+            log("removing the build's identity, root access and caches from the CT")
+            sandbox.exec(CLEANUP_SCRIPT, user="root", check=True, timeout=300)
+            log("stopping the build sandbox")
+            sandbox.close()
+            backend.stop(sandbox.id)
+            pve_store.convert(backend, admin, node, vmid, entry, log)
+        except BaseException:
+            _discard_pve_build(manager, admin, sandbox.id, node, entry.vmid, log)
+            raise
+        try:
+            replaced = registry.put(entry)
+        except BaseException:  # all or nothing: a template no registry names must not stay
+            with contextlib.suppress(SandboxError):
+                pve_store.delete_template(admin, vmid, name=name)
+            raise
+        if replaced is not None and replaced.vmid is not None and replaced.vmid != entry.vmid:
+            try:
+                pve_store.delete_template(admin, replaced.vmid, name=name)
+            except SandboxError as exc:
+                log(f"the replaced template CT {replaced.vmid} stays (remove it by hand): {exc}")
+    took = time.monotonic() - t0
+    log(f"built {name} (CT template {entry.vmid}) in {took:.1f} s")
+    return BuildResult(entry, False, took)
+
+
+def _discard_pve_build(
+    manager: Manager, admin: object, sandbox_id: str, node: str, vmid: int | None, log: Log
+) -> None:
+    """Remove the build CT: by its id while the runtime still finds it (tagged), else by VMID with
+    the admin token (untagged, out of the pool, or converted already)."""
+    from . import pve_store
+
+    with contextlib.suppress(SandboxError):
+        manager.destroy(sandbox_id)
+        return
+    if vmid is not None and node:
+        assert isinstance(admin, pve_store._AdminCore)
+        pve_store.discard_build(admin, node, vmid, log)

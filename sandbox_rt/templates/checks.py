@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import TemplateBuildError
 
-__all__ = ["PROTECTED", "check_layer", "strip_build_state"]
+__all__ = ["BUILD_STATE", "PROTECTED", "check_layer", "raise_if_broken", "strip_build_state"]
 
 # dropped from the delta before it becomes a template (paths relative to the container's /)
 BUILD_STATE = (
@@ -149,6 +149,11 @@ def check_layer(upper: Path, base_rootfs: Path, *, user: str = "sandbox") -> Non
         )
         if gained:
             problems.append(f"SBX-USER-01 the sandbox user joined groups: {', '.join(sorted(gained))}")
+    raise_if_broken(problems)
+
+
+def raise_if_broken(problems: list[str]) -> None:
+    """TemplateBuildError listing ``problems`` (each "<control>: <what>"), if there are any."""
     if problems:
         shown = problems[:_MAX_REPORTED] + (
             [f"... {len(problems) - _MAX_REPORTED} more"] if len(problems) > _MAX_REPORTED else []

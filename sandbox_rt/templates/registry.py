@@ -5,7 +5,10 @@ One JSON object, written whole under a lock (a reader sees the old file or the n
     {"version": 1,
      "templates": {"<name>": {"container": "sandbox-template-<name>-<key[:12]>", "key": "<sha256>",
                               "base": "default", "backend": "lxc", "built_at": 1764070000.0,
-                              "steps": ["apt_install(jq)", ...]}}}
+                              "steps": ["apt_install(jq)", ...], "vmid": null}}}
+
+On Proxmox VE (``"backend": "proxmox"``) ``vmid`` is the VMID of the CT template the build made
+(``container`` is then its hostname); files written before it had the field read it as null.
 
 :class:`~sandbox_rt.config.Settings` merges it with host.json's ``templates`` (the inventory-built
 ones; those win a name they share, and the builder refuses such a name), so ``create(template=...)``,
@@ -26,7 +29,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..filelock import file_lock
 
-__all__ = ["REGISTRY_FILE", "BuiltTemplate", "TemplateRegistry", "built_containers"]
+__all__ = ["REGISTRY_FILE", "BuiltTemplate", "TemplateRegistry", "built_containers", "built_vmids"]
 
 REGISTRY_FILE = "templates.json"
 _VERSION = 1
@@ -36,7 +39,8 @@ _KEY = re.compile(r"[0-9a-f]{64}")
 
 @dataclasses.dataclass(frozen=True)
 class BuiltTemplate:
-    """One built template: its name, the container that holds it, its cache key and provenance."""
+    """One built template: its name, the container that holds it, its cache key and provenance;
+    on Proxmox VE the VMID of its CT template."""
 
     name: str
     container: str
@@ -45,6 +49,7 @@ class BuiltTemplate:
     backend: str
     built_at: float
     steps: tuple[str, ...] = ()
+    vmid: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -64,9 +69,14 @@ class BuiltTemplate:
             backend=str(data.get("backend", "lxc")),
             built_at=float(data["built_at"]),
             steps=tuple(str(s) for s in data.get("steps", ())),
+            vmid=None if data.get("vmid") is None else int(data["vmid"]),
         )
         if not _CONTAINER.fullmatch(entry.container) or not _KEY.fullmatch(entry.key):
             raise ValueError(f"{name}: bad container or key")
+        if entry.vmid is not None and entry.vmid < 100:
+            raise ValueError(f"{name}: bad vmid {entry.vmid}")
+        if entry.backend == "proxmox" and entry.vmid is None:
+            raise ValueError(f"{name}: a proxmox template without a vmid")
         return entry
 
 
@@ -141,3 +151,12 @@ class TemplateRegistry:
 def built_containers(state_dir: Path, backend: str) -> dict[str, str]:
     """Name -> container of the templates built for ``backend`` (what Settings merges)."""
     return {n: e.container for n, e in TemplateRegistry(state_dir).read().items() if e.backend == backend}
+
+
+def built_vmids(state_dir: Path) -> dict[str, int]:
+    """Name -> VMID of the CT templates built on Proxmox VE (what Settings merges)."""
+    return {
+        n: e.vmid
+        for n, e in TemplateRegistry(state_dir).read().items()
+        if e.backend == "proxmox" and e.vmid is not None
+    }

@@ -66,7 +66,7 @@ def test_settings_merge_built_templates_live(tmp_path: Path) -> None:
     TemplateRegistry(tmp_path).remove("tools")
     with pytest.raises(ConfigError, match="unknown template 'tools'"):
         s.check_template("tools")
-    pve_built = dataclasses.replace(_entry("pvebuilt"), backend="proxmox")
+    pve_built = dataclasses.replace(_entry("pvebuilt"), backend="proxmox", vmid=4242)
     TemplateRegistry(tmp_path).put(pve_built)
     assert "pvebuilt" not in s.template_names()  # only this backend's
 
@@ -104,13 +104,14 @@ def test_names_the_builder_refuses_make_nothing(tmp_path: Path) -> None:
     assert backend.made == {}
 
 
-def test_proxmox_is_a_clear_config_error(tmp_path: Path) -> None:
+def test_proxmox_without_the_admin_token_is_a_clear_config_error(tmp_path: Path) -> None:
+    """Proxmox VE builds need the operator's admin token (tests/unit/test_pve_template_build.py)."""
     backend = FakeBackend()
     pve = {"pve_url": "https://pve.invalid:8006", "pve_token_id": "u@pve!t", "pve_token_secret": "s"}
     mgr = _manager(tmp_path, backend, backend="proxmox", pve_template_vmid=100, **pve)
-    with pytest.raises(ConfigError, match="not available on backend 'proxmox'"):
+    with pytest.raises(ConfigError, match=r"admin API token.*pve_admin_token_file"):
         mgr.build_template(Template().run("true"), "tools")
-    with pytest.raises(ConfigError, match="not available on backend 'proxmox'"):
+    with pytest.raises(ConfigError, match="no template named 'tools'"):
         remove_template(mgr, "tools")
     assert backend.made == {}
 
