@@ -32,6 +32,7 @@ from .registry import BuiltTemplate, TemplateRegistry
 
 if TYPE_CHECKING:
     from ..manager import Manager
+    from ..sandbox import Sandbox
 
 __all__ = ["BUILD_LABEL", "BuildResult", "build_template", "list_templates", "remove_template", "users_of"]
 
@@ -84,6 +85,20 @@ def _refuse_if_used(manager: Manager, name: str, doing: str) -> None:
         raise StateConflict(f"cannot {doing} template {name!r}: in use by {shown}")
 
 
+def _build_sandbox(manager: Manager, template: Template, name: str, egress: list[str], log: Log) -> Sandbox:
+    """The build sandbox: root on request, the base template, the build's egress list, a TTL after
+    which gc reaps it if the builder crashed, and the build's label."""
+    return manager.create(
+        root=True,
+        template=template.base,
+        egress=egress,
+        memory_mb=BUILD_MEMORY_MB,
+        ttl_s=BUILD_TTL_S,
+        labels={BUILD_LABEL: name},
+        progress=lambda msg: log(f"build sandbox: {msg}"),
+    )
+
+
 def build_template(
     manager: Manager,
     template: Template,
@@ -125,15 +140,7 @@ def build_template(
 
         egress = template.egress()
         log(f"build sandbox egress: {', '.join(egress) or '(none)'}")
-        sandbox = manager.create(
-            root=True,
-            template=template.base,
-            egress=egress,
-            memory_mb=BUILD_MEMORY_MB,
-            ttl_s=BUILD_TTL_S,
-            labels={BUILD_LABEL: name},
-            progress=lambda msg: log(f"build sandbox: {msg}"),
-        )
+        sandbox = _build_sandbox(manager, template, name, egress, log)
         try:
             apply_steps(sandbox, list(template.steps), log, timeout_s=max(settings.command_timeout_s, 1800.0))
             log("stopping the build sandbox")
@@ -241,15 +248,7 @@ def _build_on_pve(manager: Manager, template: Template, name: str, log: Log, ski
                 + ", ".join(f"{n}={'/'.join(a)}" for n, a in sorted(hosts.items()))
             )
         log(f"build sandbox egress: {', '.join(egress) or '(none)'}")
-        sandbox = manager.create(
-            root=True,
-            template=template.base,
-            egress=egress,
-            memory_mb=BUILD_MEMORY_MB,
-            ttl_s=BUILD_TTL_S,
-            labels={BUILD_LABEL: name},
-            progress=lambda msg: log(f"build sandbox: {msg}"),
-        )
+        sandbox = _build_sandbox(manager, template, name, egress, log)
         user = settings.ssh_user
         timeout_s = max(settings.command_timeout_s, 1800.0)
         entry = BuiltTemplate(
