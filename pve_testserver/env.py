@@ -109,6 +109,34 @@ def real_pve_settings(base: Settings) -> Settings | None:
     )
 
 
+def runtime_token(root: ProxmoxAPI, bridge: str, template_vmids: Sequence[int]) -> str:
+    """On a fresh test server (``root``: its root token): the runtime's pool, user and token with the
+    proxmox_access role's grants (the clone-only role on ``template_vmids``) and the datacenter
+    firewall on (else no CT firewall applies and the runtime refuses). The token's secret."""
+    root.pools.post(poolid=POOL)
+    root.access.users.post(userid=USER)
+    token = root.access.users(USER).token(TOKEN).post(privsep=1)
+    runtime = f"{USER}!{TOKEN}"
+    grant_runtime_access(root, USER, runtime, bridge, PRIVILEGES, template_vmids=tuple(template_vmids))
+    root.cluster.firewall.options.put(enable=1)
+    return str(token["value"])
+
+
+def runtime_settings(base: Settings, srv: PVETestServer, secret: str, **fields: object) -> Settings:
+    """``base`` as the proxmox backend's settings for ``srv`` with the runtime's token
+    (:func:`runtime_token`) and pool; ``fields`` set the rest (templates, state dir)."""
+    return dataclasses.replace(
+        base,
+        backend="proxmox",
+        pve_url=f"https://{srv.host}:{srv.port}",
+        pve_token_id=f"{USER}!{TOKEN}",
+        pve_token_secret=secret,
+        pve_verify=str(srv.ca_file),
+        pve_pool=POOL,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
 @contextmanager
 def pve_test_server(
     base: Settings, state_dir: Path, engine_prefix: str | None = None
@@ -129,26 +157,12 @@ def pve_test_server(
     made: list[int] = []
     try:
         root = srv.client()
-        root.pools.post(poolid=POOL)
-        root.access.users.post(userid=USER)
-        token = root.access.users(USER).token(TOKEN).post(privsep=1)
-        templates = (TEMPLATE_VMID, *named.values())
-        grant_runtime_access(root, USER, f"{USER}!{TOKEN}", base.bridge, PRIVILEGES, template_vmids=templates)
-        root.cluster.firewall.options.put(enable=1)  # else no CT firewall applies (the runtime refuses)
+        secret = runtime_token(root, base.bridge, (TEMPLATE_VMID, *named.values()))
         for vmid in (TEMPLATE_VMID, *named.values()):
             made.append(vmid)
             _make_ct_template(root, NODE, vmid, base.bridge)
-        settings = dataclasses.replace(
-            base,
-            backend="proxmox",
-            pve_url=f"https://{srv.host}:{srv.port}",
-            pve_token_id=f"{USER}!{TOKEN}",
-            pve_token_secret=str(token["value"]),
-            pve_verify=str(srv.ca_file),
-            pve_template_vmid=TEMPLATE_VMID,
-            pve_templates=named,
-            pve_pool=POOL,
-            state_dir=state_dir,
+        settings = runtime_settings(
+            base, srv, secret, pve_template_vmid=TEMPLATE_VMID, pve_templates=named, state_dir=state_dir
         )
         yield settings, srv
     finally:
@@ -194,26 +208,16 @@ def pve_cluster_test_server(
     srv = PVETestServer(engines=engines, first_vmid=60_000 + 1000 * session).start()
     try:
         root = srv.client()
-        root.pools.post(poolid=POOL)
-        root.access.users.post(userid=USER)
-        token = root.access.users(USER).token(TOKEN).post(privsep=1)
-        grant_runtime_access(
-            root, USER, f"{USER}!{TOKEN}", base.bridge, PRIVILEGES, template_vmids=tuple(copies.values())
-        )
-        root.cluster.firewall.options.put(enable=1)
+        secret = runtime_token(root, base.bridge, tuple(copies.values()))
         for name, vmid in copies.items():
             _make_ct_template(root, name, vmid, base.bridge)
-        settings = dataclasses.replace(
+        settings = runtime_settings(
             base,
-            backend="proxmox",
-            pve_url=f"https://{srv.host}:{srv.port}",
-            pve_token_id=f"{USER}!{TOKEN}",
-            pve_token_secret=str(token["value"]),
-            pve_verify=str(srv.ca_file),
+            srv,
+            secret,
             pve_template_vmid=copies[nodes[0]],
             pve_templates={},
             pve_node_templates={name: {"default": vmid} for name, vmid in copies.items() if name != nodes[0]},
-            pve_pool=POOL,
             state_dir=state_dir,
         )
         yield settings, srv

@@ -21,7 +21,7 @@ import pytest
 from proxmoxer.tools import Tasks
 
 from pve_testserver import PVETestServer
-from pve_testserver.env import POOL, PRIVILEGES, TEMPLATE_ROLE, TOKEN, USER, grant_runtime_access
+from pve_testserver.env import POOL, TEMPLATE_ROLE, TOKEN, USER, runtime_settings, runtime_token
 from sandbox_rt import ConfigError, Settings, Template
 from sandbox_rt.backends.proxmox import ProxmoxBackend
 from sandbox_rt.errors import BackendError, PermissionDenied, StateConflict, TemplateBuildError
@@ -98,13 +98,7 @@ def _admin_file(path: Path, tokenid: str, secret: str) -> Path:
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
     with PVETestServer() as srv:
         root = srv.client()
-        root.pools.post(poolid=POOL)
-        root.access.users.post(userid=USER)
-        token = root.access.users(USER).token(TOKEN).post(privsep=1)
-        grant_runtime_access(
-            root, USER, f"{USER}!{TOKEN}", "vmbr1", PRIVILEGES, template_vmids=(TEMPLATE_VMID,)
-        )
-        root.cluster.firewall.options.put(enable=1)
+        secret = runtime_token(root, "vmbr1", (TEMPLATE_VMID,))
         _wait(
             root,
             root.nodes(NODE).lxc.post(
@@ -116,14 +110,11 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
         )
         root.nodes(NODE).lxc(TEMPLATE_VMID).template.post()
         admin_file = _admin_file(tmp_path / "admin.token", *srv.root_token)
-        settings = Settings(
-            backend="proxmox",
-            pve_url=f"https://{srv.host}:{srv.port}",
-            pve_token_id=f"{USER}!{TOKEN}",
-            pve_token_secret=str(token["value"]),
-            pve_verify=str(srv.ca_file),
+        settings = runtime_settings(
+            Settings(),
+            srv,
+            secret,
             pve_template_vmid=TEMPLATE_VMID,
-            pve_pool=POOL,
             pve_admin_token_file=str(admin_file),
             state_dir=tmp_path / "state",
         )
