@@ -289,6 +289,24 @@ def vmdiridx(call: Call) -> list[dict[str, str]]:
     return [{"subdir": s} for s in subdirs]
 
 
+def _linked_clones_of(state: Any, vmid: int, conf: dict[str, Any]) -> str:
+    """The template's base volume if a linked clone (a CT whose rootfs, or a snapshot's, is
+    ``<storage>:base-<vmid>-disk-N/...``) still uses it, else ""."""
+    if not conf.get("template"):
+        return ""
+    base = parse_kv(str(conf.get("rootfs", "")), "volume").get("volume", "")
+    if not base or "/" in base:
+        return ""
+    for key, ct in state.cts.items():
+        if key == str(vmid):
+            continue
+        confs = [ct["config"], *[snap.get("config", {}) for snap in (ct.get("snapshots") or {}).values()]]
+        for other in confs:
+            if parse_kv(str(other.get("rootfs", "")), "volume").get("volume", "").startswith(base + "/"):
+                return base
+    return ""
+
+
 @route("DELETE", "/nodes/{node}/lxc/{vmid}")
 def destroy_vm(call: Call) -> str:
     vmid = int(call.params["vmid"])
@@ -310,6 +328,11 @@ def destroy_vm(call: Call) -> str:
                 raise TaskError(f"unable to destroy CT {vmid} - container is running")
             ctx.log(f"forced to stop CT {vmid} before destroying!")
         ctx.fault_point()
+        with call.state.lock:
+            in_use = _linked_clones_of(call.state, vmid, load_ct(call, vmid)["config"])
+        if in_use:
+            # PVE::Storage::vdisk_free refuses to free a base volume that backs a linked clone
+            raise TaskError(f"base volume '{in_use}' is still in use by linked cloned")
         _drop_ct(call, vmid)
         with call.mutate() as st:
             for path in [p for p in st.acl if p == f"/vms/{vmid}" or p.startswith(f"/vms/{vmid}/")]:
@@ -441,6 +464,11 @@ def _do_start(call: Call, ctx: TaskContext, vmid: int, skiplock: bool) -> None:
                 ct["config"]["description"] = with_hostkey(ct["config"].get("description"), public)
             if applied_of(ct["config"].get("description")) != applied:
                 ct["config"]["description"] = with_applied(ct["config"].get("description"), applied)
+            # as on PVE, where the script writes the config itself: its refusal stays, a former one goes
+            if published_line(ct["config"].get("description"), REFUSED_PREFIX) != published.refused:
+                ct["config"]["description"] = with_applied(
+                    ct["config"].get("description"), published.refused, REFUSED_PREFIX
+                )
 
 
 @route("POST", "/nodes/{node}/lxc/{vmid}/status/start")
@@ -464,11 +492,6 @@ def _stopper(call: Call, vmid: int, skiplock: bool, timeout: float | None) -> An
             call.engine.stop(vmid)
         else:
             call.engine.shutdown(vmid, timeout)
-            # as on PVE, where the script writes the config itself: its refusal stays, a former one goes
-            if published_line(ct["config"].get("description"), REFUSED_PREFIX) != published.refused:
-                ct["config"]["description"] = with_applied(
-                    ct["config"].get("description"), published.refused, REFUSED_PREFIX
-                )
         ctx.fault_point()
         with call.mutate() as st:
             ct = st.ct(vmid)

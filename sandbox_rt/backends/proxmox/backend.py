@@ -23,6 +23,7 @@ from .. import vmids
 from ..base import GcCandidate
 from ..owner import owner_alive
 from ..records import ROOT_ENV, new_record, updated_record
+from .contract import TemplateContract
 from .core import NodeUnreachable, pve_bool
 from .description import (
     CAPS,
@@ -41,6 +42,9 @@ __all__ = ["ProxmoxBackend"]
 
 _EXISTS = re.compile(r"already exists", re.I)
 _STRANDED_ID = re.compile(r"sbx-[0-9a-f]+@\d+")
+# a linked clone's root disk: <storage>:base-<template vmid>-disk-N/vm-... (directory storages:
+# <storage>:<vmid>/base-<vmid>-disk-N.raw/...)
+_LINKED_BASE = re.compile(r"(?:^|[:/])base-(\d+)-disk-\d+[^/,]*/")
 _CLONE_ATTEMPTS = 12  # VMIDs tried per clone (each lost race spreads the next pick wider)
 
 
@@ -58,23 +62,43 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
         self._placing_lock = threading.Lock()
         self._placing: dict[str, tuple[str, int]] = {}  # sandbox id -> (node, MiB) while created
         self._template_nodes: dict[int, str] = {}  # the node of a template that has one copy
+        # the template VMIDs follow host.json (a template update switches them: contract.py)
+        self._contract = TemplateContract(settings)
         # sandbox id -> (spec, pinned node or None, nodes tried) while created (start's retry)
         self._creating: dict[str, tuple[SandboxSpec, str | None, frozenset[str]]] = {}
 
     # -- templates and placement -----------------------------------------------------------------
     def _template_vmid(self, template: str) -> int:
-        """The VMID of the named template (``default``: the host contract's ``pve_template_vmid``)."""
-        self.settings.check_template(template)
+        """The VMID of the named template (``default``: the host contract's ``pve_template_vmid``),
+        as host.json names it now (contract.py)."""
+        settings = self._contract.current()
+        settings.check_template(template)
         if template == DEFAULT_TEMPLATE:
-            return self.settings.pve_template_vmid
-        return self.settings.pve_templates[template]
+            return settings.pve_template_vmid
+        return settings.pve_template_vmids()[template]
 
     def _template_vmids(self, template: str) -> builtins.list[int]:
         """Every copy of the named template: the host contract's VMID, then each node's own copy
         (``pve_node_templates``); where each one is, /cluster/resources says."""
         first = self._template_vmid(template)
-        copies = [c[template] for _n, c in sorted(self.settings.pve_node_templates.items()) if template in c]
+        nodes = self._contract.current().pve_node_templates
+        copies = [c[template] for _n, c in sorted(nodes.items()) if template in c]
         return [first, *copies]
+
+    # -- template updates (base.TemplateGenerations) ---------------------------------------------
+    def template_is_current(self, record: SandboxRecord) -> bool:
+        """Whether the sandbox is a linked clone of a template copy host.json names now: the warm
+        pool hands out none made before a template update (contract.py). A CT whose root disk names
+        no template (a fork: a full clone) counts as current."""
+        node, vmid = self._find(record.id)
+        conf = self._call("attach", lambda: self._ct(node, vmid).config.get())
+        match = _LINKED_BASE.search(str(conf.get("rootfs", "")))
+        return match is None or int(match[1]) in self._template_vmids(record.spec.template)
+
+    def prune_templates(self, *, dry_run: bool = False) -> builtins.list[str]:
+        """Nothing: the runtime's token may only clone the templates. site.yml removes the older
+        generations once no linked clone uses them (roles/template_build, tasks/proxmox_retire.yml)."""
+        return []
 
     def _placing_mb(self) -> dict[str, int]:
         """MiB of the creates in flight in this process, per node (not yet in the node's ``mem``)."""
@@ -317,6 +341,10 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
         conf = self._call("start", lambda: self._ct(node, vmid).config.get())
         record = self._record_of(conf, vmid)
         applied = applied_caps_of(str(conf.get("description", "")))
+        refused = refused_caps_of(str(conf.get("description", "")))
+        if applied is None and refused is not None:
+            why = f"CT {vmid} on node {node}: the node refused its caps: {refused}"
+            raise BackendError(why, step="start")
         if applied is None:
             raise BackendError(
                 f"CT {vmid} on node {node} started without confirming its caps ({', '.join(CAPS)}): "
@@ -341,10 +369,6 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
             )
         return record
 
-        refused = refused_caps_of(str(conf.get("description", "")))
-        if applied is None and refused is not None:
-            why = f"CT {vmid} on node {node}: the node refused its caps: {refused}"
-            raise BackendError(why, step="start")
     def stop(self, sandbox_id: str) -> None:
         node, vmid = self._find(sandbox_id)
         ct = self._ct(node, vmid)
