@@ -27,6 +27,7 @@ from testinfra.host import Host
 import sandbox_rt
 from sandbox_rt import Manager, Settings
 from sandbox_rt.backends.lxc.nft import NftInternetSet
+from tests.integration.provision_helpers import destroy_labelled
 from tests.pve_node.provisioning import ProvisionedNode, admin_api
 
 from . import hosts, sites
@@ -69,9 +70,7 @@ def settings() -> Settings:
 def manager(settings: Settings) -> Iterator[Manager]:
     mgr = Manager(settings)
     yield mgr
-    for record in mgr.list(labels=SESSION_LABEL):
-        with contextlib.suppress(sandbox_rt.SandboxError):
-            mgr.destroy(record.id)
+    destroy_labelled(mgr, SESSION_LABEL)
 
 
 @pytest.fixture(scope="package")
@@ -197,9 +196,7 @@ def site(request: pytest.FixtureRequest) -> Site:
 def site_manager(site: Site) -> Iterator[Manager]:
     mgr = Manager(site.settings)
     yield mgr
-    for record in mgr.list(labels=SESSION_LABEL):
-        with contextlib.suppress(sandbox_rt.SandboxError):
-            mgr.destroy(record.id)
+    destroy_labelled(mgr, SESSION_LABEL)
 
 
 @pytest.fixture(scope="package")

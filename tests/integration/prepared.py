@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import sandbox_rt
+from tests.integration.provision_helpers import destroy_labelled
 
 
 def check_prepared() -> None:
@@ -31,7 +32,5 @@ def labelled_manager(labels: Mapping[str, str], **settings: Any) -> Iterator[san
     try:
         yield mgr
     finally:
-        for record in mgr.list(labels=labels):
-            with contextlib.suppress(sandbox_rt.SandboxError):
-                mgr.destroy(record.id)
+        destroy_labelled(mgr, labels)
     assert not mgr.list(labels=labels), "sandboxes of this test module survived their cleanup"

@@ -16,7 +16,7 @@ import shlex
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +24,9 @@ import paramiko
 
 from sandbox_rt.backends.lxc.netstate import NetState, SandboxNet
 from sandbox_rt.config import Settings
+from sandbox_rt.errors import SandboxError
 from sandbox_rt.ipam import mac_for_ip
+from sandbox_rt.manager import Manager
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
@@ -264,3 +266,12 @@ def template_clone(
         netstate.remove(binding, address)
         if (lxc_path / name).exists():
             raise AssertionError(f"{lxc_path / name} survived lxc-destroy")
+
+
+def destroy_labelled(mgr: Manager, *label_sets: Mapping[str, str]) -> None:
+    """Destroy every sandbox of ``mgr`` that carries all of one of ``label_sets``:
+    what a failed test left behind. One that fails to go is left to the next sweep."""
+    for labels in label_sets:
+        for record in mgr.list(labels=dict(labels)):
+            with contextlib.suppress(SandboxError):
+                mgr.destroy(record.id)

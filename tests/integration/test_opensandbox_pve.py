@@ -30,6 +30,7 @@ import sandbox_rt
 from pve_testserver.env import pve_test_server, real_pve_settings
 from sandbox_rt.http_api import ApiServer
 from tests.integration.prepared import check_prepared
+from tests.integration.provision_helpers import destroy_labelled
 
 pytestmark = pytest.mark.slow
 
@@ -50,9 +51,7 @@ def manager() -> Iterator[sandbox_rt.Manager]:
         try:
             yield mgr
         finally:
-            for record in mgr.list(labels=METADATA):
-                with contextlib.suppress(sandbox_rt.SandboxError):
-                    mgr.destroy(record.id)
+            destroy_labelled(mgr, METADATA)
         assert not mgr.list(labels=METADATA)
 
 

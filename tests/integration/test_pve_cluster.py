@@ -21,6 +21,7 @@ from pve_testserver import LxcEngine, PVETestServer
 from pve_testserver.env import pve_cluster_test_server
 from sandbox_rt import Manager, Settings
 from sandbox_rt.errors import BackendError
+from tests.integration.provision_helpers import destroy_labelled
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -43,9 +44,7 @@ def cluster() -> Iterator[tuple[Manager, PVETestServer]]:
             yield mgr, srv
         finally:
             srv.faults.clear()
-            for record in mgr.list(labels=LABEL):
-                with contextlib.suppress(sandbox_rt.SandboxError):
-                    mgr.destroy(record.id)
+            destroy_labelled(mgr, LABEL)
             for candidate in mgr.gc():  # stranded CTs, if a check failed midway
                 print("gc:", candidate)
 

@@ -36,7 +36,7 @@ from sandbox_rt.templates import BuildResult, TemplateRegistry, remove_template
 from sandbox_rt.templates.build import BUILD_LABEL
 from tests.hardening import checks, hosts
 from tests.hardening.testnet import SimNet, simulated_network
-from tests.integration.provision_helpers import sh, tcp_open, wait_for
+from tests.integration.provision_helpers import destroy_labelled, sh, tcp_open, wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -164,9 +164,7 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 def manager(settings: Settings) -> Iterator[Manager]:
     mgr = Manager(settings)
     yield mgr
-    for record in [*mgr.list(labels=LABELS), *mgr.list(labels={BUILD_LABEL: NAME})]:
-        with contextlib.suppress(sandbox_rt.SandboxError):
-            mgr.destroy(record.id)
+    destroy_labelled(mgr, LABELS, {BUILD_LABEL: NAME})
     for entry in TemplateRegistry(settings.state_dir).read().values():
         with contextlib.suppress(sandbox_rt.SandboxError):
             remove_template(mgr, entry.name)

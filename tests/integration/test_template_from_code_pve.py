@@ -9,7 +9,6 @@ it, then it is. Everything it made is removed at the end, even on failure (the n
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import secrets
 from collections.abc import Iterator
@@ -18,13 +17,12 @@ from typing import Any
 
 import pytest
 
-import sandbox_rt
 from sandbox_rt import Manager, PermissionDenied, StateConflict, Template, TemplateBuildError
 from sandbox_rt.backends.proxmox import ProxmoxBackend
 from sandbox_rt.templates import BuildResult, TemplateRegistry, remove_template
 from sandbox_rt.templates.build import BUILD_LABEL
 from sandbox_rt.templates.pve_store import BUILT_PREFIX
-from tests.integration.provision_helpers import PlaybookRun
+from tests.integration.provision_helpers import PlaybookRun, destroy_labelled
 from tests.pve_node import PVENode
 from tests.pve_node.provisioning import ProvisionedNode, admin_api, node_manager
 
@@ -54,9 +52,7 @@ def manager(node: PVENode, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         try:
             yield mgr
         finally:
-            for record in [*mgr.list(labels=LABELS), *mgr.list(labels={BUILD_LABEL: NAME})]:
-                with contextlib.suppress(sandbox_rt.SandboxError):
-                    mgr.destroy(record.id)
+            destroy_labelled(mgr, LABELS, {BUILD_LABEL: NAME})
             if TemplateRegistry(mgr.settings.state_dir).get(NAME) is not None:
                 remove_template(mgr, NAME)
     assert TemplateRegistry(mgr.settings.state_dir).get(NAME) is None

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.integration.provision_helpers import REPO, PlaybookRun, parse_recap
+from tests.integration.provision_helpers import REPO, PlaybookRun, destroy_labelled, parse_recap
 
 from .__main__ import exports
 from .node import PVENode
@@ -63,9 +63,7 @@ def node_manager(node: PVENode, labels: dict[str, str]) -> Iterator[Any]:
     try:
         yield mgr
     finally:
-        for record in mgr.list(labels=labels):
-            with contextlib.suppress(sandbox_rt.SandboxError):
-                mgr.destroy(record.id)
+        destroy_labelled(mgr, labels)
 
 
 @dataclasses.dataclass

@@ -22,6 +22,7 @@ import sandbox_rt
 from pve_testserver import PVETestServer
 from pve_testserver.env import pve_test_server, real_pve_settings
 from sandbox_rt import Manager, Settings
+from tests.integration.provision_helpers import destroy_labelled
 
 SESSION_LABEL = {"test-session": uuid.uuid4().hex[:12]}
 Factory = Callable[..., sandbox_rt.Sandbox]
@@ -57,9 +58,7 @@ def settings_environ(settings: Settings) -> dict[str, str]:
 
 def _sweep(mgr: Manager) -> None:
     """Whatever a failed test left behind goes, found by this session's label."""
-    for record in mgr.list(labels=SESSION_LABEL):
-        with contextlib.suppress(sandbox_rt.SandboxError):
-            mgr.destroy(record.id)
+    destroy_labelled(mgr, SESSION_LABEL)
 
 
 @pytest.fixture(scope="session")

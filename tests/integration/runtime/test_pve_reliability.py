@@ -10,7 +10,6 @@ and leaves no CT, LXC container, firewall config or create marker behind.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import multiprocessing
 import multiprocessing.synchronize
@@ -29,6 +28,7 @@ import sandbox_rt
 from pve_testserver import PVETestServer
 from pve_testserver.env import TEMPLATE_VMID, create_markers, world
 from sandbox_rt import BackendError, Manager, Settings
+from tests.integration.provision_helpers import destroy_labelled
 
 from .conftest import SESSION_LABEL, Factory, _factory, settings_environ
 
@@ -122,9 +122,7 @@ def test_creates_from_4_processes(pve_manager: Manager, srv: PVETestServer) -> N
         done.set()
         for p in procs:
             p.join(120)
-        for record in pve_manager.list(labels=label):  # what a failed worker left
-            with contextlib.suppress(sandbox_rt.SandboxError):
-                pve_manager.destroy(record.id)
+        destroy_labelled(pve_manager, label)  # what a failed worker left
     assert [p.exitcode for p in procs] == [0, 0, 0, 0]
     assert pve_manager.list(labels=label) == []
     assert world(srv) == before

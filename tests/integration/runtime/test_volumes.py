@@ -24,6 +24,7 @@ from sandbox_rt import (
     VolumeNotAllowed,
     VolumeNotFound,
 )
+from tests.integration.provision_helpers import destroy_labelled
 
 from .conftest import SESSION_LABEL, Factory, _factory
 
@@ -55,9 +56,7 @@ def vmanager(settings: Settings, scratch: Path, allowed: Path) -> Iterator[Manag
         dataclasses.replace(settings, volume_dir=scratch / "volumes", volume_host_dirs=[str(allowed)])
     )
     yield mgr
-    for record in mgr.list(labels=SESSION_LABEL):
-        with contextlib.suppress(sandbox_rt.SandboxError):
-            mgr.destroy(record.id)
+    destroy_labelled(mgr, SESSION_LABEL)
 
 
 @pytest.fixture
