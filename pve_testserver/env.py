@@ -82,7 +82,7 @@ def _wait(api: ProxmoxAPI, upid: str) -> None:
     assert status is not None and status["exitstatus"] == "OK", status
 
 
-def _make_ct_template(api: ProxmoxAPI, node: str, vmid: int, bridge: str) -> None:
+def make_ct_template(api: ProxmoxAPI, node: str, vmid: int, bridge: str) -> None:
     """A CT template at ``vmid`` on ``node``, as site.yml leaves one: outside the pool (the token must
     not be able to change it)."""
     _wait(
@@ -160,7 +160,7 @@ def pve_test_server(
         secret = runtime_token(root, base.bridge, (TEMPLATE_VMID, *named.values()))
         for vmid in (TEMPLATE_VMID, *named.values()):
             made.append(vmid)
-            _make_ct_template(root, NODE, vmid, base.bridge)
+            make_ct_template(root, NODE, vmid, base.bridge)
         settings = runtime_settings(
             base, srv, secret, pve_template_vmid=TEMPLATE_VMID, pve_templates=named, state_dir=state_dir
         )
@@ -210,7 +210,7 @@ def pve_cluster_test_server(
         root = srv.client()
         secret = runtime_token(root, base.bridge, tuple(copies.values()))
         for name, vmid in copies.items():
-            _make_ct_template(root, name, vmid, base.bridge)
+            make_ct_template(root, name, vmid, base.bridge)
         settings = runtime_settings(
             base,
             srv,

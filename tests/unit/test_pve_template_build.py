@@ -21,7 +21,15 @@ import pytest
 from proxmoxer.tools import Tasks
 
 from pve_testserver import PVETestServer
-from pve_testserver.env import POOL, TEMPLATE_ROLE, TOKEN, USER, runtime_settings, runtime_token
+from pve_testserver.env import (
+    POOL,
+    TEMPLATE_ROLE,
+    TOKEN,
+    USER,
+    make_ct_template,
+    runtime_settings,
+    runtime_token,
+)
 from sandbox_rt import ConfigError, Settings, Template
 from sandbox_rt.backends.proxmox import ProxmoxBackend
 from sandbox_rt.errors import BackendError, PermissionDenied, StateConflict, TemplateBuildError
@@ -99,16 +107,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
     with PVETestServer() as srv:
         root = srv.client()
         secret = runtime_token(root, "vmbr1", (TEMPLATE_VMID,))
-        _wait(
-            root,
-            root.nodes(NODE).lxc.post(
-                vmid=TEMPLATE_VMID,
-                ostemplate="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
-                storage="local-lvm",
-                net0="name=eth0,bridge=vmbr1,ip=dhcp",
-            ),
-        )
-        root.nodes(NODE).lxc(TEMPLATE_VMID).template.post()
+        make_ct_template(root, NODE, TEMPLATE_VMID, "vmbr1")
         admin_file = _admin_file(tmp_path / "admin.token", *srv.root_token)
         settings = runtime_settings(
             Settings(),
