@@ -170,6 +170,14 @@ def flood_buffered(f: Flood) -> dict[str, int]:
     return _writer(f, os.path.expanduser("~/.flood-buffered"), direct=False)
 
 
+def flood_cpu(f: Flood) -> dict[str, int]:
+    """One busy thread: the sandbox uses its whole CPU share (cpus=1) and touches nothing shared."""
+    loops = 0
+    while f.going():
+        loops += 1
+    return {"loops": loops}
+
+
 def flood_memory(f: Flood) -> dict[str, int]:
     """Children that allocate and touch memory until the sandbox's limit OOM-kills them."""
     kills = 0
@@ -188,6 +196,7 @@ def flood_memory(f: Flood) -> dict[str, int]:
 
 
 FLOODS = {
+    "cpu": flood_cpu,
     "conntrack": flood_conntrack,
     "dns": flood_dns,
     "connrate": flood_connrate,

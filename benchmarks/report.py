@@ -60,9 +60,11 @@ def _facts(name: str, group: dict[str, Any]) -> list[str]:
             if row["errors"]:
                 lines.append(f"    errors: {row['errors'][:5]}")
     elif name == "neighbours":
+        by_round = ", ".join(f"{w:.2f}x" for w in facts.get("worst_by_round", []))
         lines.append(
             f"  victim figures vs the same while the neighbour idles (ratio > 1: worse); worst "
-            f"{facts.get('worst_slowdown', 0):.2f}x; DNS answers lost {facts.get('dns_lost')}; conntrack "
+            f"{facts.get('worst_slowdown', 0):.2f}x ({facts.get('rounds', 1)} rounds pooled; each round "
+            f"alone: {by_round}); DNS answers lost {facts.get('dns_lost')}; conntrack "
             f"peak {facts.get('conntrack_peak')} of {facts.get('conntrack_max')}; caps {facts.get('caps')}"
         )
         for phase, row in facts.get("phases", {}).items():

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,12 @@ def run_site(node: PVENode, *extra: str, timeout: float = 1200) -> PlaybookRun:
         *extra,
     ]
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", **exports(node))
+    start = time.monotonic()
     proc = subprocess.run(
         args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
-    return PlaybookRun(args, proc.returncode, proc.stdout + proc.stderr, parse_recap(proc.stdout), 0.0)
+    output = proc.stdout + proc.stderr
+    return PlaybookRun(args, proc.returncode, output, parse_recap(proc.stdout), time.monotonic() - start)
 
 
 @contextlib.contextmanager
