@@ -70,13 +70,16 @@ def parse_recap(output: str) -> dict[str, dict[str, int]]:
     return recap
 
 
-def run_playbook(*extra: str, timeout: float = 1800) -> PlaybookRun:
-    """`ansible-playbook -i inventories/local site.yml EXTRA...` from the repository root."""
-    args = [str(ANSIBLE_PLAYBOOK), "-i", str(INVENTORY), "site.yml", *extra]
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+def run_playbook(
+    *extra: str, timeout: float = 1800, inventory: Path = INVENTORY, env: Mapping[str, str] | None = None
+) -> PlaybookRun:
+    """`ansible-playbook -i INVENTORY site.yml EXTRA...` from the repository root (inventories/local
+    unless told), with ``env`` added to this process's environment."""
+    args = [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), "site.yml", *extra]
+    environ = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", **(env or {}))
     start = time.monotonic()
     proc = subprocess.run(
-        args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        args, cwd=REPO, env=environ, capture_output=True, text=True, timeout=timeout, check=False
     )
     output = proc.stdout + proc.stderr
     return PlaybookRun(args, proc.returncode, output, parse_recap(proc.stdout), time.monotonic() - start)

@@ -12,13 +12,11 @@ import contextlib
 import dataclasses
 import json
 import os
-import subprocess
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.integration.provision_helpers import REPO, PlaybookRun, destroy_labelled, parse_recap
+from tests.integration.provision_helpers import REPO, PlaybookRun, destroy_labelled, run_playbook
 
 from .__main__ import exports
 from .node import PVENode
@@ -27,20 +25,8 @@ from .spec import spec_for_index, spec_from_env
 
 def run_site(node: PVENode, *extra: str, timeout: float = 1200) -> PlaybookRun:
     """``ansible-playbook -i inventories/pve_emulated site.yml`` with the node's environment."""
-    args = [
-        str(REPO / ".venv" / "bin" / "ansible-playbook"),
-        "-i",
-        "inventories/pve_emulated",
-        "site.yml",
-        *extra,
-    ]
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", **exports(node))
-    start = time.monotonic()
-    proc = subprocess.run(
-        args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    output = proc.stdout + proc.stderr
-    return PlaybookRun(args, proc.returncode, output, parse_recap(proc.stdout), time.monotonic() - start)
+    inventory = REPO / "inventories" / "pve_emulated"
+    return run_playbook(*extra, timeout=timeout, inventory=inventory, env=exports(node))
 
 
 @contextlib.contextmanager
