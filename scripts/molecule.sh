@@ -37,16 +37,12 @@ work=$(mktemp -d)
 : > "$work/results"
 trap 'rm -rf "$work"' EXIT
 t_all=$SECONDS
+mapfile -t found < <(find molecule -mindepth 2 -maxdepth 2 -name molecule.yml -printf '%h\n' | xargs -n1 basename | sort)
 if (($# > 0)) || [[ ${SANDBOX_RT_MOLECULE_LANES:-2} == 1 ]]; then
-  if (($# > 0)); then
-    scenarios=("$@")
-  else
-    mapfile -t scenarios < <(find molecule -mindepth 2 -maxdepth 2 -name molecule.yml -printf '%h\n' | xargs -n1 basename | sort)
-  fi
+  if (($# > 0)); then scenarios=("$@"); else scenarios=("${found[@]}"); fi
   count=${#scenarios[@]}
   run_lane "$work/results" "${scenarios[@]}"
 else
-  mapfile -t found < <(find molecule -mindepth 2 -maxdepth 2 -name molecule.yml -printf '%h\n' | xargs -n1 basename | sort)
   placed=" ${LANES[*]} "
   for s in "${found[@]}"; do
     if [[ $placed != *" $s "* ]]; then
