@@ -58,6 +58,8 @@ else
     pids+=($!)
   done
   for i in "${!pids[@]}"; do
+    # A lane's own status says nothing about its scenarios (each has a result line, FAILED or
+    # passed); a lane that died early is caught below by the count of result lines.
     wait "${pids[$i]}" || true
     echo "=== molecule lane $((i + 1)) of ${#LANES[@]}: ${LANES[$i]}"
     cat "$work/lane$i.log"
