@@ -213,7 +213,7 @@ def test_a_mount_inside_a_read_only_mount_is_refused_before_anything_is_made() -
         VolumeMount("/h", volume="a", read_only=True),
     ):
         for inner in (VolumeMount("/h/made/by/api", volume="b"), VolumeMount("/h/x", host_path="/srv/o")):
-            with pytest.raises(ConfigError, match="'/h/.*' lies inside the read-only mount at '/h'"):
+            with pytest.raises(ConfigError, match=r"'/h/.*' lies inside the read-only mount at '/h'"):
                 check_mounts([inner, outer])
     for inner_ro in (True, False):  # deeper too, read-only or not
         deeper = [
