@@ -14,8 +14,11 @@ ends the connection without an answer. :class:`HttpProtocol` adds, before any ap
 - framing that could be read two ways is refused from the raw head bytes (411 for any
   Transfer-Encoding, 400 for several or non-numeric Content-Length headers), before h11 normalizes it;
 - any other h11 error, and a body ended early by the client's EOF, as a JSON 400;
-- at most ``max_connections`` open connections: the next one gets the 503 of :func:`_busy_answer`
-  at once, then a half-close, so a client that already sent its request reads the 503, not a reset;
+- a slot in the service's table (:mod:`sandbox_rt.web.slots`): a connection keeps it once it has
+  delivered a head with the site's credentials; until then a newer connection may take it when
+  the table is full (this one then gets the 503 of :func:`_busy_answer` if it has not started a
+  request, else is closed); with every slot held, the new connection gets that 503 at once, then a
+  half-close, so a client that already sent its request reads the 503, not a reset;
 - a write stalled (the client stopped reading) for ``io_timeout_s`` closes the connection; a stream
   that merely sends nothing for a long time is never cut.
 
@@ -42,11 +45,10 @@ import asyncio
 import contextlib
 import http
 import json
-import logging
 import re
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import h11
@@ -56,16 +58,19 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
 from ..limits import HttpLimits
+from .slots import Slots
 
-__all__ = ["HEAD_STARTED", "Census", "HttpProtocol"]
+__all__ = ["HEAD_STARTED", "Census", "Credentials", "HttpProtocol"]
 
-log = logging.getLogger(__name__)
 
 HEAD_STARTED = "sandbox_rt.head_started"  # scope["extensions"] key: time.monotonic() of the request's start
 _LINGER_S = 1.0  # after the transport's own answer: how long the client's leftovers are read and dropped
 _HEAD_END = re.compile(rb"\n\r?\n")  # where h11 ends a head
 _CONTENT_LENGTH = re.compile(rb"[0-9]{1,18}")  # ASCII digits only ("³" is a digit to str.isdigit)
 _H11_SHORT_BODY = re.compile(r"received (\d+) bytes, expected (\d+)")  # h11's message for a cut body
+
+# whether a request head's headers (names in lower case) carry a site's credentials
+Credentials = Callable[[Iterable[tuple[bytes, bytes]]], bool]
 
 
 # -- the answers the transport writes itself ------------------------------------------------------------
@@ -174,7 +179,7 @@ class _Parser(h11.Connection):
             self.error = exc
             raise
         if isinstance(event, h11.Request):
-            self._protocol.on_request()
+            self._protocol.on_request(event.headers)
         return event
 
 
@@ -188,39 +193,28 @@ def _linger(transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> as
 
 
 class Census:
-    """The connections of one service, all sites together: the cap, the counters, and the
-    transports the service's ``stop()`` cuts."""
+    """The connections of one service, all sites together: their :class:`~.slots.Slots`, and the
+    transports the service's ``stop()`` cuts (those that gave up their slot and linger, too)."""
 
     def __init__(self, limits: HttpLimits) -> None:
         self.limits = limits
-        self.open = 0
-        self.refused = 0
+        self.slots = Slots(limits)
         self.stopping = False
         self.transports: set[asyncio.Transport] = set()
-        self._saturated = False
-        self._busy = _busy_answer(limits.max_connections)
+        self.busy = _busy_answer(limits.max_connections)
 
-    def admit(self, transport: asyncio.Transport) -> bool:
-        """Count a new connection in, or answer it 503 (and hand it to :class:`_Busy`)."""
-        if self.open < self.limits.max_connections:
-            self.open += 1
-            self._saturated = False
-            self.transports.add(transport)
+    def admit(self, transport: asyncio.Transport, protocol: HttpProtocol) -> bool:
+        """Give a new connection a slot, or answer it 503 (and hand it to :class:`_Busy`)."""
+        self.transports.add(transport)
+        if self.slots.admit(protocol, transport.get_extra_info("peername")):
             return True
-        self.refused += 1
-        if not self._saturated:  # once per episode, not once per connection
-            self._saturated = True
-            log.warning(
-                "%d connections open, the limit: new connections get 503 until one closes",
-                self.limits.max_connections,
-            )
-        busy = _Busy(self, self._busy)
+        busy = _Busy(self, self.busy)
         transport.set_protocol(busy)
         busy.connection_made(transport)
         return False
 
-    def release(self, transport: asyncio.Transport) -> None:
-        self.open -= 1
+    def release(self, transport: asyncio.Transport, protocol: HttpProtocol) -> None:
+        self.slots.release(protocol)
         self.transports.discard(transport)
 
     def cut_all(self) -> None:
@@ -240,7 +234,6 @@ class _Busy(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
-        self._census.transports.add(transport)
         transport.write(self._answer)
         self._timer = _linger(transport, asyncio.get_running_loop())
 
@@ -283,10 +276,12 @@ class HttpProtocol(H11Protocol):
         *,
         census: Census,
         chunked: bool = False,
+        credentials: Credentials | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self._census = census
         self._chunked = chunked
+        self._credentials = credentials
         self._limits = census.limits
         self._parser = _Parser(self._limits.max_head_bytes, self)
         self.conn = self._parser
@@ -305,7 +300,7 @@ class HttpProtocol(H11Protocol):
 
     # -- asyncio's protocol interface ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if not self._census.admit(transport):
+        if not self._census.admit(transport, self):
             return
         super().connection_made(transport)
         sock = transport.get_extra_info("socket")
@@ -329,7 +324,7 @@ class HttpProtocol(H11Protocol):
         transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._census.release(self._raw_transport)
+        self._census.release(self._raw_transport, self)
         for timer in (self._head_timer, self._idle_timer, self._stall_timer, self._linger_timer):
             if timer is not None:
                 timer.cancel()
@@ -421,11 +416,25 @@ class HttpProtocol(H11Protocol):
         if refusal is not None:
             raise refusal
 
-    def on_request(self) -> None:
+    def on_request(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
         self._request_started = self._head_started
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+        if self._credentials is None or self._credentials(headers):
+            self._census.slots.hold(self)
+
+    # -- the slot table's hook ----------------------------------------------------------------------------
+    def evict(self) -> None:
+        """A newer connection took this one's slot (this one never sent an authorized head): a
+        request of it still being answered is cut (uvicorn tells the app); else it gets the 503 of
+        a full server, which a client with a head under way reads as the answer to it."""
+        if self._lingering or self._raw_transport.is_closing():
+            return  # on its way out already
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._raw_transport.abort()
+        else:
+            self._send_final(self._census.busy)
 
     # -- helpers ------------------------------------------------------------------------------------------
     async def _app_with_start(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -462,10 +471,13 @@ class HttpProtocol(H11Protocol):
             self.transport.close()  # nothing sent: closed without an answer
 
     def _refuse(self, status: int, code: str, message: str) -> None:
+        self._send_final(_answer(status, code, message))
+
+    def _send_final(self, answer: bytes) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-        self.transport.write(_answer(status, code, message))
+        self.transport.write(answer)
         if self._eof:
             self.transport.close()
         else:

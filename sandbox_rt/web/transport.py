@@ -1,7 +1,8 @@
 """The HTTP transport under the ASGI apps: :class:`HttpService` serves one or more :class:`Site`
 (an address and its app) on one event loop in one thread, each connection through the hardened
 uvicorn h11 protocol of :mod:`sandbox_rt.web.connection` (the limits of
-:class:`~sandbox_rt.limits.HttpLimits`), all sites sharing one connection cap.
+:class:`~sandbox_rt.limits.HttpLimits`), all sites sharing one table of connection slots
+(:mod:`sandbox_rt.web.slots`: a connection without the token gives way to a new one).
 
 What the service relies on in uvicorn (0.54; tests/unit/test_web_transport.py fails if an upgrade
 changes any of it), besides what the protocol does: ``uvicorn.server.ServerState`` (``connections``,
@@ -33,9 +34,9 @@ from uvicorn.server import ServerState
 
 from ..errors import ConfigError
 from ..limits import HTTP_LIMITS, HttpLimits
-from .connection import HEAD_STARTED, Census, HttpProtocol
+from .connection import HEAD_STARTED, Census, Credentials, HttpProtocol
 
-__all__ = ["HEAD_STARTED", "HttpService", "Site"]
+__all__ = ["HEAD_STARTED", "Credentials", "HttpService", "Site"]
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,16 @@ _STOP_WAIT_S = 10.0  # stop() waits this long at most for the serving thread
 class Site:
     """One listening address and the ASGI app served there (``port=0``: a free port).
     ``chunked``: a body may come as ``Transfer-Encoding: chunked`` alone (h11 decodes it; the app
-    bounds it as it reads); else any Transfer-Encoding is a 411."""
+    bounds it as it reads); else any Transfer-Encoding is a 411. ``credentials``: whether a
+    request's headers carry the app's token (the app still checks it); a connection that sent one
+    keeps its slot, the others give way to new ones when the table is full. None (an app without
+    credentials): any complete head keeps the slot."""
 
     app: ASGIApp
     host: str
     port: int
     chunked: bool = False
+    credentials: Credentials | None = None
 
 
 # -- the service --------------------------------------------------------------------------------------------
@@ -148,12 +153,17 @@ class HttpService:
     @property
     def connections(self) -> int:
         """Connections open now (all sites)."""
-        return self._census.open
+        return self._census.slots.open
 
     @property
     def refused(self) -> int:
-        """Connections answered 503 because ``limits.max_connections`` were open."""
-        return self._census.refused
+        """New connections answered 503: ``limits.max_connections`` were open, every one held."""
+        return self._census.slots.refused
+
+    @property
+    def evicted(self) -> int:
+        """Connections that gave up their slot to a newer one (none had sent an authorized head)."""
+        return self._census.slots.evicted
 
     # -- running ------------------------------------------------------------------------------------------
     def start(self) -> HttpService:
@@ -291,6 +301,7 @@ class HttpService:
                     loop,
                     census=self._census,
                     chunked=site.chunked,
+                    credentials=site.credentials,
                 )
                 servers.append(await loop.create_server(factory, sock=sock, backlog=_BACKLOG))
             if ready is not None:

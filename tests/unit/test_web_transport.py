@@ -32,7 +32,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
 from sandbox_rt.errors import ConfigError
 from sandbox_rt.limits import HttpLimits
-from sandbox_rt.web import connection, transport
+from sandbox_rt.web import connection, slots, transport
 from sandbox_rt.web.transport import HEAD_STARTED, HttpService, Site
 
 SHORT = 0.4  # seconds: the head, idle and I/O timeouts below
@@ -680,11 +680,11 @@ def test_the_uvicorn_internals_the_protocol_relies_on_are_there() -> None:
         assert f"self.{attribute} =" in cycle, attribute
 
 
-@pytest.mark.parametrize("module", [transport, connection])
+@pytest.mark.parametrize("module", [transport, connection, slots])
 def test_the_transport_imports_only_the_core(module: types.ModuleType) -> None:
     tree = ast.parse(Path(str(module.__file__)).read_text())
     ours = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
-    assert ours <= {"errors", "limits", "connection"}, ours  # the core and each other
+    assert ours <= {"errors", "limits", "connection", "slots"}, ours  # the core and each other
     absolute = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     absolute |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
     assert not [m for m in absolute if m.startswith("sandbox_rt")]
