@@ -43,6 +43,7 @@ PROBE = "/tmp/.hardening-probe.py"
 CGROUP = Path("/sys/fs/cgroup")
 CGROUP_V1 = (CGROUP / "memory" / "memory.limit_in_bytes").exists()
 LEASES = Path("/var/lib/sandbox_rt/dnsmasq/leases")
+SANDBOX_UID = 1000  # the sandbox user of the template (SBX-USER-01; roles/sandbox_template sandbox_template_uid)
 # Linux capability numbers (include/uapi/linux/capability.h) of the caps the template drops.
 CAPS = {
     "chown": 0, "dac_override": 1, "dac_read_search": 2, "fowner": 3, "fsetid": 4, "kill": 5,
@@ -1044,8 +1045,11 @@ def check_unprivileged(t: Target) -> None:
     maps = ct_config_values(t, "lxc.idmap")
     want = [f"u 0 {base} {s.idmap_size}", f"g 0 {base} {s.idmap_size}"]
     require(c, sorted(maps) == sorted(want), f"lxc.idmap {maps}")
+    # PID 1 is container root only in a sandbox made with root=True; otherwise the sandbox user
+    # (SBX-ESC-28): either way a host uid of the container's range, never the host's own
     uids = proc_status(init_pid(t))["Uid"].split()
-    require(c, set(uids) == {str(base)}, f"PID 1 runs as host uid {uids}")
+    pid1 = base if t.sb.root else base + SANDBOX_UID
+    require(c, set(uids) == {str(pid1)}, f"PID 1 runs as host uid {uids}, not {pid1}")
     uid_map = t.user.file("/proc/self/uid_map").content_string.split()
     require(c, uid_map == ["0", str(base), str(s.idmap_size)], f"uid_map {uid_map}")
 
