@@ -43,7 +43,7 @@ PROBE = "/tmp/.hardening-probe.py"
 CGROUP = Path("/sys/fs/cgroup")
 CGROUP_V1 = (CGROUP / "memory" / "memory.limit_in_bytes").exists()
 LEASES = Path("/var/lib/sandbox_rt/dnsmasq/leases")
-SANDBOX_UID = 1000  # the sandbox user of the template (SBX-USER-01; roles/sandbox_template sandbox_template_uid)
+SANDBOX_UID = 1000  # the sandbox user (SBX-USER-01; sandbox_template_uid)
 # Linux capability numbers (include/uapi/linux/capability.h) of the caps the template drops.
 CAPS = {
     "chown": 0, "dac_override": 1, "dac_read_search": 2, "fowner": 3, "fsetid": 4, "kill": 5,

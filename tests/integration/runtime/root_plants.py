@@ -89,7 +89,8 @@ def plant_script(vectors: tuple[str, ...]) -> str:
     lib = f"gcc -O1 -shared -fPIC -DLIBRARY {PLANT}/mark.c"
     for pam in ("session", "account", "auth"):
         if f"pam-{pam}" in vectors:
-            steps.append(f"echo '{pam} optional pam_exec.so {PLANT}/mark pam-{pam}' >> /etc/pam.d/common-{pam}")
+            line = f"{pam} optional pam_exec.so {PLANT}/mark pam-{pam}"
+            steps.append(f"echo '{line}' >> /etc/pam.d/common-{pam}")
     if "nss" in vectors or "ld-conf" in vectors:
         services = []
         if "nss" in vectors:
@@ -105,7 +106,7 @@ def plant_script(vectors: tuple[str, ...]) -> str:
         steps.append(f"{lib} -DTAG='\"ld-preload\"' -o {PLANT}/libpreload.so")
         steps.append(f"echo {PLANT}/libpreload.so >> /etc/ld.so.preload")
     if "sshd" in vectors:
-        wrapper = f"#!/bin/dash\n{PLANT}/mark sshd\nexec /usr/sbin/sshd.real \"$@\"\n"
+        wrapper = f'#!/bin/dash\n{PLANT}/mark sshd\nexec /usr/sbin/sshd.real "$@"\n'
         steps.append("mv /usr/sbin/sshd /usr/sbin/sshd.real")
         steps.append(f"printf %s {shlex.quote(wrapper)} > /usr/sbin/sshd && chmod 0755 /usr/sbin/sshd")
     if "sh" in vectors:

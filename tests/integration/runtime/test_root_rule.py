@@ -146,7 +146,9 @@ def planted_snapshot(manager: Manager) -> Iterator[str]:
     manager.delete_snapshot(name)
 
 
-def test_a_fork_without_root_runs_nothing_a_root_sandbox_planted(manager: Manager, planted_snapshot: str) -> None:
+def test_a_fork_without_root_runs_nothing_a_root_sandbox_planted(
+    manager: Manager, planted_snapshot: str
+) -> None:
     sb = manager.create(from_snapshot=planted_snapshot, labels=LABELS, memory_mb=512)
     try:
         _assert_nothing_ran_as_root(manager, sb, ALL_VECTORS)
@@ -154,3 +156,16 @@ def test_a_fork_without_root_runs_nothing_a_root_sandbox_planted(manager: Manage
         sb.destroy()
     with manager.create(from_snapshot=planted_snapshot, root=True, labels=LABELS, memory_mb=512) as rooted:
         _assert_root_would_run_them(rooted)
+
+
+# -- Proxmox VE: init and sshd still start as root there, so root-tainted sources are refused -------
+def test_on_proxmox_a_root_sandboxs_forks_keep_root(pve_manager: Manager) -> None:
+    name = f"rootfork{secrets.token_hex(3)}"
+    with pve_manager.create(root=True, labels=LABELS, memory_mb=256) as source:
+        source.snapshot(name)
+        before = {r.id for r in pve_manager.list()}
+        with pytest.raises(sandbox_rt.ConfigError, match="root=True only"):
+            pve_manager.create(from_snapshot=name, labels=LABELS, memory_mb=256)
+        assert {r.id for r in pve_manager.list()} == before  # nothing was made
+        with pve_manager.create(from_snapshot=name, root=True, labels=LABELS, memory_mb=256) as fork:
+            assert fork.exec("id -u", user="root").text == "0\n"
