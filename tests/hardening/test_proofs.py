@@ -62,6 +62,7 @@ PROVES = {
     "test_proof_module_calls_reaching_the_kernel_are_caught": "SBX-ESC-07",
     "test_proof_missing_userns_lock_is_caught": "SBX-ESC-14",
     "test_proof_setuid_with_new_privs_is_caught": "SBX-ESC-26",
+    "test_proof_init_started_as_root_is_caught": "SBX-ESC-28",
     "test_proof_user_owned_authorized_keys_are_caught": "SBX-USER-04",
     # PVE-backed sandboxes (the emulated node): a CT whose template lacks the raw lxc.* keys
     "test_proof_pve_ct_without_raw_keys_runs_pves_seccomp": "SBX-ESC-11",
@@ -506,3 +507,11 @@ def test_proof_pve_ct_without_the_hookscripts_disk_caps_is_caught(pve_make: Fact
         (checks.cgroup_dir(t, "io") / "io.max").write_text(lifted)
     expect_violation("SBX-RES-10", nc.check_disk_limits_set, t, 20, 200, match="want")
     expect_violation("SBX-RES-10", nc.check_disk_rates, t, 20, 200, match="O_DIRECT writes at")
+
+
+def test_proof_init_started_as_root_is_caught(make: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sandbox started as before SBX-ESC-28 (no lxc.init.uid lines: PID 1 and sshd as root)."""
+    monkeypatch.setattr(lxc_backend, "init_lines", lambda *_args: [])
+    expect_violation(
+        "SBX-ESC-28", checks.check_nothing_runs_as_root, make(), match="not running as the sandbox user"
+    )
