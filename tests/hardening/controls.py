@@ -397,7 +397,7 @@ CONTROLS: tuple[Control, ...] = (
        "snapshot planted runs as root (tests/integration/runtime/test_root_rule.py). PVE: waived, "
        "root-tainted sources need root=True there",
        (), "sandbox_rt/backends/lxc/userinit.py", "roles/sandbox_template/templates/sandbox-init.j2",
-       "roles/template_build/files/sandbox-rt-userns-lock"),
+       "roles/template_build/files/sandbox-rt-sshd-port"),
     # -- access -----------------------------------------------------------------------------------
     _c("SBX-ACC-01", "the runtime's credential is scoped",
        "LXC: the SSH key is root-only and only logs in as `sandbox`; PVE: the API token is confined to "

@@ -232,10 +232,11 @@ def stock_seccomp(settings: Settings, workdir: Path) -> Iterator[Target]:
 @pytest.fixture(scope="module")
 def unconfined(settings: Settings, workdir: Path) -> Iterator[Target]:
     """A throw-away sandbox with a filter that refuses nothing, no user namespace lock and no
-    no_new_privs: the kernel's own checks alone."""
+    no_new_privs: the kernel's own checks alone (its one start hook opens port 22, SBX-ESC-28)."""
     profile = workdir / "allow-all.seccomp"
     profile.write_text(ALLOW_ALL_SECCOMP)
-    changes = {"lxc.seccomp.profile": str(profile), "lxc.hook.start-host": None, "lxc.no_new_privs": "0"}
+    port_hook = str(checks.role_defaults("template_build")["template_build_sshd_port_hook"])
+    changes = {"lxc.seccomp.profile": str(profile), "lxc.hook.start-host": port_hook, "lxc.no_new_privs": "0"}
     with (
         template_variant(settings, changes) as variant,
         _factory(Manager(variant), settings, workdir) as make_unconfined,
