@@ -20,10 +20,11 @@ uncapped ones. A refusal is a :class:`~sandbox_rt.errors.PolicyDenied` naming th
 doors answer it 403 ``policy_denied``, MCP a tool error ``policy_denied``, and the remote clients
 raise it again. Nothing is made before the check.
 
-The other create options have no "unlimited" value a request could pick: ``pids_max`` is at least
-16 and bounded by the host's pid budget (``sandbox_rt.caps.pid_budget``), ``cpus`` by the host's
-cores, ``ttl_s`` by ``MAX_TTL_S`` (MCP: ``--max-ttl``); ``None`` for them means the package's or
-the host's default, never none.
+The other create options have no "unlimited" value a request could pick (``None`` means the
+package's or the host's default, never none): ``pids_max`` is at least 16 and the sandboxes' sum
+stays within the host's pid budget (``sandbox_rt.caps.pid_budget``), ``cpus`` within the host's
+cores, ``ttl_s`` within ``MAX_TTL_S`` (MCP: ``--max-ttl``). Their ranges are wide (``memory_mb`` up
+to 1 PiB, whatever the host has): bounding them per client is the per-tenant policies' job.
 """
 
 from __future__ import annotations
