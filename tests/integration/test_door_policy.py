@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import secrets
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -32,7 +29,7 @@ from mcp_types import CallToolResult
 
 import sandbox_rt
 from sandbox_rt import remote
-from tests.integration.prepared import labelled_manager
+from tests.integration.prepared import cli_server, labelled_manager
 
 pytestmark = pytest.mark.slow
 
@@ -66,33 +63,9 @@ def labelled(manager: sandbox_rt.Manager) -> list[str]:
 
 @contextlib.contextmanager
 def server(*args: str, ready: str, count: int = 1) -> Iterator[list[str]]:
-    """``python -m sandbox_rt ARGS`` until it said ``count`` times where it listens (``ready``: a
-    pattern with the URL as group 1); SIGTERM afterwards."""
-    proc = subprocess.Popen(
-        [*CLI, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    assert proc.stderr is not None
-    try:
-        urls: list[str] = []
-        seen: list[str] = []
-        deadline = time.monotonic() + 60
-        while len(urls) < count and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            assert line, f"{args[0]} exited {proc.poll()}: {''.join(seen)[-2000:]}"
-            seen.append(line)
-            if m := re.search(ready, line):
-                urls.append(m.group(1))
-        assert len(urls) == count, f"{args[0]} did not say where it listens: {''.join(seen)[-2000:]}"
+    """``python -m sandbox_rt ARGS`` (this tree) until it said where it listens: its URLs."""
+    with cli_server([*CLI, *args], ready, count) as (urls, _):
         yield urls
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(60)
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-        proc.stderr.close()
 
 
 def serve(token_file: Path, *flags: str) -> contextlib.AbstractContextManager[list[str]]:

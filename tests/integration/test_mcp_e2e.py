@@ -4,10 +4,8 @@ One server process per transport, few sandboxes; whatever a failed test leaves i
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import secrets
 import signal
 import subprocess
@@ -27,7 +25,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 
 import sandbox_rt
-from tests.integration.prepared import labelled_manager
+from tests.integration.prepared import cli_server, labelled_manager
 
 pytestmark = pytest.mark.slow
 
@@ -226,34 +224,9 @@ def http_server(
     token_file = tmp_path_factory.mktemp("mcp") / "token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)
-    proc = subprocess.Popen(
-        [str(SANDBOX_RT), "mcp", "--transport", "http", "--port", "0", "--token-file", str(token_file)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stderr is not None
-        url = ""
-        deadline = time.monotonic() + 60
-        while not url and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            assert line, f"the MCP server exited: {proc.poll()}"
-            m = re.search(r"MCP on (http://127\.0\.0\.1:\d+/mcp)", line)
-            url = m.group(1) if m else ""
-        assert url, "the MCP server did not say where it listens"
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(30)
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-        assert proc.stderr is not None
-        proc.stderr.close()
+    args = [str(SANDBOX_RT), "mcp", "--transport", "http", "--port", "0", "--token-file", str(token_file)]
+    with cli_server(args, r"MCP on (http://127\.0\.0\.1:\d+/mcp)") as (urls, proc):
+        yield urls[0], proc
 
 
 def test_http_needs_the_token(http_server: tuple[str, subprocess.Popen[str]]) -> None:

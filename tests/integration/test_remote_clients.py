@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import re
 import secrets
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -22,7 +20,7 @@ import pytest
 
 import sandbox_rt
 from sandbox_rt import remote
-from tests.integration.prepared import labelled_manager
+from tests.integration.prepared import cli_server, labelled_manager
 
 pytestmark = pytest.mark.slow
 
@@ -126,33 +124,9 @@ def api(tmp_path_factory: pytest.TempPathFactory, manager: sandbox_rt.Manager) -
     token_file = tmp_path_factory.mktemp("api") / "token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)
-    proc = subprocess.Popen(
-        [str(SANDBOX_RT), "serve", "--port", "0", "--token-file", str(token_file)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stderr is not None
-        url = ""
-        deadline = time.monotonic() + 60
-        while not url and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            assert line, f"sandbox-rt serve exited: {proc.poll()}"
-            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-            url = m.group(1) if m else ""
-        assert url, "sandbox-rt serve did not say where it listens"
-        yield url, token_file
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        assert proc.stderr is not None
-        proc.stderr.close()
+    args = [str(SANDBOX_RT), "serve", "--port", "0", "--token-file", str(token_file)]
+    with cli_server(args, r"listening on (http://127\.0\.0\.1:\d+)") as (urls, _):
+        yield urls[0], token_file
 
 
 def check(outcome: dict[str, Any], manager: sandbox_rt.Manager) -> None:
