@@ -130,8 +130,12 @@ def mgr() -> FakeManager:
 
 
 def native(mgr: FakeManager, policy: DoorPolicy | None = None) -> Iterator[Callable[..., requests.Response]]:
+    """``call(body)``: a create through an ApiServer with ``policy``; ``call(body, path=...)`` a POST
+    to another route."""
     with ApiServer(mgr, token=TOKEN, port=0, policy=policy) as srv, requests.Session() as session:
-        yield lambda body: session.post(f"{srv.url}/v1/sandboxes", json=body, headers=AUTH, timeout=10)
+        yield lambda body, path="/v1/sandboxes": session.post(
+            srv.url + path, json=body, headers=AUTH, timeout=10
+        )
 
 
 def test_native_api_refuses_root_and_uncapped_with_403(mgr: FakeManager) -> None:
@@ -153,10 +157,21 @@ def test_native_api_refuses_root_and_uncapped_with_403(mgr: FakeManager) -> None
 
 
 def test_native_api_allow_root_lets_root_through_not_uncapped(mgr: FakeManager) -> None:
-    for create in native(mgr, DoorPolicy(allow_root=True)):
-        assert create({"root": True}).status_code == 201
+    for call in native(mgr, DoorPolicy(allow_root=True)):
+        r = call({"root": True})
+        assert r.status_code == 201, r.text
         assert mgr.created[-1] == {"root": True, "detached": True}
-        r = create(ATTACK)
+        path = f"/v1/sandboxes/{r.json()['id']}/exec"
+        assert call({"command": "id -u", "user": "root"}, path=path).status_code == 200
+        assert mgr.handed[-1].calls[-1][1]["user"] == "root"
+        assert call({"command": "id -u", "user": "root", "stream": True}, path=path).status_code == 200
+        assert mgr.handed[-1].calls[-1] == (
+            "exec_stream",
+            {"command": "id -u", "timeout": None, "user": "root"},
+        )
+        assert call({"command": "id -u", "user": None}, path=path).status_code == 200
+        assert "user" not in mgr.handed[-1].calls[-1][1]  # null: the default user
+        r = call(ATTACK)
         assert r.status_code == 403 and "--allow-uncapped" in r.json()["error"]["message"]
     for create in native(mgr, DoorPolicy(allow_root=True, allow_uncapped=True)):
         assert create(ATTACK).status_code == 201

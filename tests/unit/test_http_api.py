@@ -46,7 +46,6 @@ from sandbox_rt import (
 from sandbox_rt.http_api import ApiServer, load_token, serve
 from sandbox_rt.http_openapi import openapi_document
 from sandbox_rt.models import ProcessInfo
-from sandbox_rt.policy import DoorPolicy
 from sandbox_rt.validation import check_max_bytes, check_signal
 from sandbox_rt.web import schemas as web_schemas
 from sandbox_rt.web.app import ROUTERS
@@ -340,9 +339,8 @@ def mgr() -> FakeManager:
 
 
 @pytest.fixture
-def server(mgr: FakeManager, request: pytest.FixtureRequest) -> Iterator[ApiServer]:
-    policy = getattr(request, "param", None)  # a DoorPolicy (indirect parametrization); None: the default
-    with ApiServer(mgr, token=TOKEN, port=0, policy=policy) as srv:
+def server(mgr: FakeManager) -> Iterator[ApiServer]:
+    with ApiServer(mgr, token=TOKEN, port=0) as srv:
         yield srv
 
 
@@ -734,21 +732,6 @@ def test_templates_are_listed_and_create_takes_one(
     mgr.fail["create"] = ConfigError("unknown template 'nope'; this host has: default, base")
     r = api("POST", "/v1/sandboxes", json={"template": "nope"})
     assert r.status_code == 400 and "default, base" in error_of(r)["message"]
-
-
-@pytest.mark.parametrize("server", [DoorPolicy(allow_root=True)], indirect=True)
-def test_root_on_request_passes_through(api: Callable[..., requests.Response], mgr: FakeManager) -> None:
-    assert api("POST", "/v1/sandboxes", json={"root": True}).status_code == 201
-    assert mgr.created[-1] == {"root": True, "detached": True}
-    sid = make_box(api)
-    path = f"/v1/sandboxes/{sid}/exec"
-    assert api("POST", path, json={"command": "id -u", "user": "root"}).status_code == 200
-    assert mgr.handed[-1].calls[-1][1]["user"] == "root"
-    r = api("POST", path, json={"command": "id -u", "user": "root", "stream": True})
-    assert r.status_code == 200
-    assert mgr.handed[-1].calls[-1] == ("exec_stream", {"command": "id -u", "timeout": None, "user": "root"})
-    assert api("POST", path, json={"command": "id -u", "user": None}).status_code == 200
-    assert "user" not in mgr.handed[-1].calls[-1][1]  # null: the default user
 
 
 def test_exec_timeout_is_504_with_the_output_so_far(
