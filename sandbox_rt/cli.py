@@ -227,7 +227,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=HTTP_LIMITS.max_connections,
         metavar="N",
-        help="open connections at most; the next one gets 503 (default: %(default)s)",
+        help="open connections at most; when all are open, the oldest without a valid token gives way "
+        "to a new one (default: %(default)s)",
     )
     sv.add_argument(
         "--header-timeout",

@@ -167,6 +167,11 @@ class Settings:
         for allowed in self.volume_host_dirs:
             if not (isinstance(allowed, str) and allowed.startswith("/") and "\x00" not in allowed):
                 raise ConfigError(f"volume_host_dirs: {allowed!r} is not an absolute path")
+            if {".", ".."} & set(allowed.split("/")):
+                raise ConfigError(
+                    f"volume_host_dirs: {allowed!r} has a '.' or '..' component (host paths are "
+                    "compared as written, never resolved: give the directory's plain path)"
+                )
             if Path(allowed).resolve() == Path("/"):
                 raise ConfigError("volume_host_dirs: '/' would let sandboxes mount any host directory")
         if self.backend == "proxmox":

@@ -8,8 +8,9 @@ loopback by default; every route but ``/healthz`` and ``/openapi.json`` needs
 id, so consecutive execs reuse its SSH transport. What a client may cost (head and body sizes,
 connections, timeouts) is a :class:`~sandbox_rt.limits.HttpLimits`: a request without a valid token
 never makes the server read more than a small head and a few KiB of body, nor hold a connection past
-the head deadline. The routes, bodies and errors are documented in ``docs/http-api.md`` and served
-as an OpenAPI 3.1 document generated from the models (:func:`sandbox_rt.http_openapi.openapi_document`).
+the head deadline, nor keep a client with the token out (:mod:`sandbox_rt.web.slots`). The routes,
+bodies and errors are documented in ``docs/http-api.md`` and served as an OpenAPI 3.1 document
+generated from the models (:func:`sandbox_rt.http_openapi.openapi_document`).
 
 Usage::
 
@@ -95,14 +96,16 @@ class ApiServer:
         # one runtime, one cache, one policy, for every site
         ctx = Context(manager, SandboxCache(manager), limits, policy)
         self.cache = ctx.cache
-        sites = [Site(build_app(manager, token=token, limits=limits, ctx=ctx), host, port)]
+        native = build_app(manager, token=token, limits=limits, ctx=ctx)
+        sites = [Site(native, host, port, credentials=native.authorized)]
         if opensandbox_port is not None:
             from .web.opensandbox.app import build_opensandbox_app
 
             if opensandbox_port == port and port != 0:
                 raise ConfigError(f"--opensandbox-port {opensandbox_port} is the native API's port")
             # chunked bodies too: the opensandbox SDK uploads files that way
-            sites.append(Site(build_opensandbox_app(ctx, token=token), host, opensandbox_port, chunked=True))
+            dialect = build_opensandbox_app(ctx, token=token)
+            sites.append(Site(dialect, host, opensandbox_port, chunked=True, credentials=dialect.authorized))
         self._service = HttpService(sites, limits=limits)
         if not is_loopback(host):
             log.warning("the HTTP API listens on %s, not loopback: the token travels in clear text", host)
@@ -132,7 +135,7 @@ class ApiServer:
 
     @property
     def refused(self) -> int:
-        """Connections answered 503 because ``limits.max_connections`` were open."""
+        """New connections answered 503: ``limits.max_connections`` were open, every one with the token."""
         return self._service.refused
 
     def start(self) -> ApiServer:

@@ -55,8 +55,11 @@ class HttpLimits:
     and be at most ``max_head_bytes`` (else 408 / 414 / 431). Until the bearer token is checked, a
     body may be at most ``max_unauth_body_bytes`` and must arrive within the same deadline; with a
     valid token, up to ``max_body_bytes``, each read stalling at most ``io_timeout_s`` (413 / 408).
-    Between two requests a keep-alive connection waits at most ``idle_timeout_s``; beyond
-    ``max_connections`` open connections a new one gets a 503 and is closed. A running command
+    Between two requests a keep-alive connection waits at most ``idle_timeout_s``. At most
+    ``max_connections`` connections are open: a new one takes the slot of the oldest that has not
+    sent a request with a valid token (that one gets a 503 and is closed), and gets a 503 itself
+    only when every open one has; one client address keeps at most ``max_pending_per_address``
+    connections without a valid token (loopback excepted). A running command
     (a JSON exec or an SSE stream) is bounded by its own timeout, not by these: a silent command
     sends and reads nothing, so no timeout here runs out.
     """
@@ -69,8 +72,12 @@ class HttpLimits:
     max_head_bytes: int = 8 << 10
     # an authenticated request's body that is skipped after an early error to keep the connection
     max_drain_bytes: int = 64 << 10
-    # open connections (each holds a thread); the next one gets 503 + Retry-After and is closed
+    # open connections (each holds a thread): when all are open, a new one takes the slot of the oldest
+    # that has not sent a request with a valid token (sandbox_rt/web/slots.py); with none such, 503
     max_connections: int = 128
+    # connections from one client address (IPv6: a /64) that have not sent a valid token yet; its next
+    # one takes the slot of its own oldest. Not for loopback (every local client has that address)
+    max_pending_per_address: int = 32
     # from accepting a connection (or a request's first byte) to the end of its head and small body
     header_timeout_s: float = 10.0
     # a keep-alive connection between two requests

@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import anyio
@@ -42,15 +42,16 @@ class BearerToken:
         self.app = app
         self._token = check_token(token, "the token argument").encode("ascii")
 
-    def _allowed(self, scope: Scope) -> bool:
-        values = [v for k, v in scope.get("headers", []) if k.lower() == b"authorization"]
+    def authorized(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+        """Whether a request's headers carry the token (the transport asks too, for the slot)."""
+        values = [v for k, v in headers if k.lower() == b"authorization"]
         if len(values) != 1:
             return False
         scheme, _, given = bytes(values[0]).partition(b" ")
         return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self._token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self._allowed(scope):
+        if scope["type"] != "http" or self.authorized(scope.get("headers", [])):
             await self.app(scope, receive, send)
             return
         body = (
@@ -76,7 +77,7 @@ class BearerToken:
 
 def http_app(
     mcp: SandboxMcp, token: str, *, host: str = DEFAULT_HOST, limits: HttpLimits = HTTP_LIMITS
-) -> ASGIApp:
+) -> BearerToken:
     """The streamable-HTTP app at ``/mcp`` behind the bearer token (the SDK's DNS-rebinding checks
     stay on for a loopback ``host``)."""
     app = mcp.server.streamable_http_app(
@@ -101,7 +102,8 @@ def serve_http(
     listening (``port=0``: a free port, named in the URL). The sessions' sandboxes are destroyed on
     the way out."""
     app = http_app(mcp, token, host=host, limits=limits)
-    service = HttpService([Site(app, host, port)], limits=limits, name="sandbox-rt-mcp")
+    site = Site(app, host, port, credentials=app.authorized)
+    service = HttpService([site], limits=limits, name="sandbox-rt-mcp")
     if not is_loopback(host):
         log.warning("the MCP server listens on %s, not loopback: the token travels in clear text", host)
     # the service stops on SIGINT/SIGTERM (open streams are cut); while the sessions' sandboxes are

@@ -4,7 +4,8 @@ RESOLVE_NO_SYMLINKS)``.
 Volumes hold what sandboxes wrote, so any component of a path inside one may be a link a sandbox
 planted (``sub -> /etc``). The kernel resolves the whole path relative to a directory fd and fails
 with ELOOP on a link and EXDEV on an escape, and the mount is made from the fd it returns: nothing
-can swap a component between the check and the mount.
+can swap a component between the check and the mount. An allowed host directory is opened the same
+way from ``/`` (:func:`open_no_links`): it may lie inside another one that sandboxes write.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import ctypes
 import errno
 import os
 
-__all__ = ["mkdirs_beneath", "open_beneath", "open_dir"]
+__all__ = ["mkdirs_beneath", "open_beneath", "open_dir", "open_no_links"]
 
 _NR_OPENAT2 = 437  # the same on every architecture
 _RESOLVE_NO_MAGICLINKS = 0x02
@@ -33,6 +34,16 @@ def open_dir(path: str) -> int:
     return os.open(path, _O_PATH_DIR)
 
 
+def open_no_links(path: str) -> int:
+    """An ``O_PATH`` fd of the directory at the absolute ``path``, reached from ``/`` without
+    following a link at any component; OSError ELOOP if one is a link."""
+    root = os.open("/", _O_PATH_DIR)
+    try:
+        return open_beneath(root, path.lstrip("/"))
+    finally:
+        os.close(root)
+
+
 def open_beneath(dir_fd: int, rel: str | None) -> int:
     """An ``O_PATH`` fd of directory ``rel`` beneath ``dir_fd`` (None or "": a copy of ``dir_fd``).
 
@@ -46,9 +57,10 @@ def open_beneath(dir_fd: int, rel: str | None) -> int:
     return fd
 
 
-def mkdirs_beneath(dir_fd: int, rel: str, *, owner: int, mode: int = 0o755) -> None:
-    """Make each missing directory of ``rel`` beneath ``dir_fd`` (owned by ``owner``), never
-    through a link: each component is opened with ``O_NOFOLLOW`` relative to its parent."""
+def mkdirs_beneath(dir_fd: int, rel: str, *, owner: int | None, mode: int = 0o755) -> None:
+    """Make each missing directory of ``rel`` beneath ``dir_fd`` (owned by ``owner``; None: by the
+    owner of the directory it is made in), never through a link: each component is opened with
+    ``O_NOFOLLOW`` relative to its parent."""
     fd = os.dup(dir_fd)
     try:
         for part in rel.split("/"):
@@ -57,7 +69,9 @@ def mkdirs_beneath(dir_fd: int, rel: str, *, owner: int, mode: int = 0o755) -> N
             except FileExistsError:
                 pass
             else:
-                os.chown(part, owner, owner, dir_fd=fd, follow_symlinks=False)
+                st = os.fstat(fd)
+                uid, gid = (st.st_uid, st.st_gid) if owner is None else (owner, owner)
+                os.chown(part, uid, gid, dir_fd=fd, follow_symlinks=False)
             try:
                 sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             except OSError as exc:

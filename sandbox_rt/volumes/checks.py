@@ -117,7 +117,8 @@ def check_host_path(path: object) -> str:
 
 def check_mounts(mounts: Sequence[VolumeMount] | None) -> tuple[VolumeMount, ...]:
     """Each mount checked and normalised, sorted by mount path (a mount inside another comes after
-    it); at most :data:`MAX_MOUNTS`, no two at the same path."""
+    it); at most :data:`MAX_MOUNTS`, no two at the same path, none inside a read-only one (its
+    mount point would have to be made in the read-only source)."""
     if mounts is None:
         return ()
     if isinstance(mounts, str | bytes) or not isinstance(mounts, Sequence):
@@ -146,4 +147,13 @@ def check_mounts(mounts: Sequence[VolumeMount] | None) -> tuple[VolumeMount, ...
     for first, second in itertools.pairwise(out):
         if first.mount_path == second.mount_path:
             raise ConfigError(f"two volumes are mounted at {first.mount_path!r}")
+    for outer in (m for m in out if m.read_only):
+        inner = next((m for m in out if m.mount_path.startswith(outer.mount_path + "/")), None)
+        if inner is not None:
+            raise ConfigError(
+                f"volume mount at {inner.mount_path!r} lies inside the read-only mount at "
+                f"{outer.mount_path!r}: its mount point would have to be made in that read-only "
+                f"source, and nothing ever is; mount it outside {outer.mount_path!r}, or that one "
+                "read-write"
+            )
     return tuple(out)

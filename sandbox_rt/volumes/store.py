@@ -8,7 +8,10 @@ Layout under ``settings.volume_dir`` (root only, 0711)::
                        sandbox user (``idmap_base + uid``), which each sandbox sees as its own user
 
 A volume outlives the sandboxes that mount it; ``remove`` refuses one that a sandbox still
-mounts. Host directories come from the operator's ``volume_host_dirs`` only.
+mounts. Host directories come from the operator's ``volume_host_dirs`` only: a host path is
+allowed if it lies under one as written (normalised, never resolved), and the allowed directory is
+opened from ``/`` without following a link at any component (one may lie inside another that
+sandboxes write, and a sandbox may have replaced it, or a directory on its way, with a link).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, SandboxError, StateConflict, VolumeNotAllowed, VolumeNotFound
 from ..models import VolumeInfo, VolumeMount
-from .beneath import mkdirs_beneath, open_beneath, open_dir
+from .beneath import mkdirs_beneath, open_beneath, open_dir, open_no_links
 from .checks import VOLUME_NAME, check_volume_name
 
 __all__ = ["DATA", "VolumeStore", "host_dir_for", "open_host_source"]
@@ -150,24 +153,33 @@ class VolumeStore:
 
 def host_dir_for(host_path: str, allowed: Iterable[str]) -> tuple[str, str]:
     """(the allowed directory, the rest of ``host_path`` below it) or VolumeNotAllowed: the path must
-    lie under one of the operator's ``volume_host_dirs`` (compared as written and as resolved)."""
-    for base in allowed:
-        for form in dict.fromkeys((base.rstrip("/") or "/", os.path.realpath(base))):
-            if host_path == form or host_path.startswith(form + "/"):
-                return form, host_path[len(form) :].lstrip("/")
+    lie under one of the operator's ``volume_host_dirs``, compared as written (normalised: no empty
+    components), never resolved: a link's target is not allowed because a link points there. The
+    innermost allowed directory that holds it."""
+    bases = ["/" + "/".join(p for p in base.split("/") if p) for base in allowed]
+    holding = [b for b in bases if b != "/" and (host_path == b or host_path.startswith(b + "/"))]
+    if holding:
+        base = max(holding, key=len)
+        return base, host_path[len(base) :].lstrip("/")
     listed = ", ".join(allowed) or "none (sandbox-rt serve --allow-host-path DIR, or volume_host_dirs)"
     raise VolumeNotAllowed(f"host path {host_path!r} is not under a directory this host allows: {listed}")
 
 
 def open_host_source(mount: VolumeMount, allowed: Iterable[str]) -> int:
-    """An ``O_PATH`` fd of the host directory a mount shows (``host_path``/``sub_path``), found
-    beneath its allowed directory without following any link; VolumeNotFound, VolumeNotAllowed."""
+    """An ``O_PATH`` fd of the host directory a mount shows (``host_path``/``sub_path``): its allowed
+    directory opened from ``/`` and the rest beneath that, without following a link at any
+    component; VolumeNotFound, VolumeNotAllowed."""
     assert mount.host_path is not None
     base, rest = host_dir_for(mount.host_path, allowed)
     rel = "/".join(p for p in (rest, mount.sub_path or "") if p)
     try:
-        root = open_dir(base)
+        root = open_no_links(base)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise VolumeNotAllowed(
+                f"allowed host directory {base!r} cannot be mounted: a component of it is a symbolic "
+                "link (links are never followed; the operator allows the directory's real path)"
+            ) from exc
         what = f"allowed host directory {base!r} cannot be opened: {exc.strerror}"
         raise VolumeNotFound(base, what) from exc
     try:

@@ -20,7 +20,6 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp
 
 from .. import __version__
 from ..config import Settings
@@ -188,7 +187,7 @@ def thread_lifespan(limits: HttpLimits) -> Callable[[FastAPI], contextlib.Abstra
 
 def build_app(
     manager: ManagerLike, *, token: str, limits: HttpLimits = HTTP_LIMITS, ctx: Context | None = None
-) -> ASGIApp:
+) -> Gate:
     """The native API over ``manager``, behind the bearer ``token`` and ``limits``; ``ctx``: the
     context (attached sandboxes) to share with another app of the same server."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, lifespan=thread_lifespan(limits))

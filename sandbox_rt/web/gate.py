@@ -18,7 +18,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -65,8 +65,10 @@ class Gate:
         self._echo_request_id = echo_request_id
         self._chunked = chunked
 
-    def _authorized(self, scope: Scope) -> bool:
-        headers = scope.get("headers", [])
+    def authorized(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+        """Whether a request's headers (names in lower case) carry the token; the transport asks
+        too, for the connection's slot (:class:`~sandbox_rt.web.transport.Site`)."""
+        headers = list(headers)
         if self._api_key_header is not None:
             keys = [v for k, v in headers if k == self._api_key_header]
             if len(keys) == 1 and hmac.compare_digest(bytes(keys[0]).strip(), self._token):
@@ -115,7 +117,7 @@ class Gate:
         started = scope.get("extensions", {}).get(HEAD_STARTED) or time.monotonic()
         head_deadline = started + limits.header_timeout_s
         public = scope["path"] in self.public
-        authorized = public or self._authorized(scope)
+        authorized = public or self.authorized(scope.get("headers", []))
         try:
             length = _content_length(scope, chunked=self._chunked)  # None: chunked, length unknown
             if not authorized:

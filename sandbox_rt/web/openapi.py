@@ -65,8 +65,9 @@ ERROR_TEXT = {
     "500": "Internal error (details only in the server's log).",
     "502": "The container engine or the sandbox's SSH connection failed.",
     "503": f"sandbox_not_ready: the sandbox did not become reachable in time; or server_busy: the "
-    f"server has its maximum of open connections ({_L.max_connections} by default), answered at once "
-    "with Retry-After and the connection closed (open connections are not affected).",
+    f"server has its maximum of open connections ({_L.max_connections} by default) and this one had not "
+    "sent a valid token yet (it gave way to a newer one), or every open one has; with Retry-After, "
+    "and the connection closed. A connection that has sent a valid token is never made to give way.",
     "504": "command_timeout: the command ran past its timeout; its whole process group was killed. The "
     "error carries the output so far (stdout, stderr in the request's encoding) and timeout_s. Or "
     "file_timeout: the sandbox did not answer a file operation in time (e.g. a FIFO at the path).",

@@ -162,7 +162,8 @@ class VolumeSource(RequestBody):
         Any, Kind("string", nullable=True, maxLength=MAX_PATH, pattern=exact(RELATIVE_PATH.pattern))
     ] = Field(default=None, description="Mount this directory inside the source instead (made in a volume).")
     read_only: Annotated[Any, Kind("boolean")] = Field(
-        default=False, description="Refuse every write, root's too."
+        default=False,
+        description="Refuse every write, root's too; no other volume may be mounted inside it (400).",
     )
 
 

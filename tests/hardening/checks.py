@@ -43,6 +43,7 @@ PROBE = "/tmp/.hardening-probe.py"
 CGROUP = Path("/sys/fs/cgroup")
 CGROUP_V1 = (CGROUP / "memory" / "memory.limit_in_bytes").exists()
 LEASES = Path("/var/lib/sandbox_rt/dnsmasq/leases")
+SANDBOX_UID = 1000  # the sandbox user (SBX-USER-01; sandbox_template_uid)
 # Linux capability numbers (include/uapi/linux/capability.h) of the caps the template drops.
 CAPS = {
     "chown": 0, "dac_override": 1, "dac_read_search": 2, "fowner": 3, "fsetid": 4, "kill": 5,
@@ -1044,8 +1045,11 @@ def check_unprivileged(t: Target) -> None:
     maps = ct_config_values(t, "lxc.idmap")
     want = [f"u 0 {base} {s.idmap_size}", f"g 0 {base} {s.idmap_size}"]
     require(c, sorted(maps) == sorted(want), f"lxc.idmap {maps}")
+    # PID 1 is container root only in a sandbox made with root=True; otherwise the sandbox user
+    # (SBX-ESC-28): either way a host uid of the container's range, never the host's own
     uids = proc_status(init_pid(t))["Uid"].split()
-    require(c, set(uids) == {str(base)}, f"PID 1 runs as host uid {uids}")
+    pid1 = base if t.sb.root else base + SANDBOX_UID
+    require(c, set(uids) == {str(pid1)}, f"PID 1 runs as host uid {uids}, not {pid1}")
     uid_map = t.user.file("/proc/self/uid_map").content_string.split()
     require(c, uid_map == ["0", str(base), str(s.idmap_size)], f"uid_map {uid_map}")
 
@@ -1649,3 +1653,70 @@ def check_root_on_request(t: Target) -> None:
         as_root=True,
     )  # fmt: skip
     require(c, not changed, f"root over SSH could: {changed}")
+
+
+# -- nothing runs as root without root (SBX-ESC-28) -------------------------------------------------
+def sandbox_uids(t: Target) -> dict[int, tuple[int, ...]]:
+    """{host pid: (real, effective, saved, fs uid as this machine numbers them)} of every process
+    of ``t``, read from this machine's /proc (nothing the sandbox reports)."""
+    ns = Path(f"/proc/{init_pid(t)}/ns/pid").readlink()
+    out: dict[int, tuple[int, ...]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError):  # a process gone meanwhile
+            if (entry / "ns" / "pid").readlink() == ns:
+                uid_line = next(
+                    ln for ln in (entry / "status").read_text().splitlines() if ln.startswith("Uid:")
+                )
+                out[int(entry.name)] = tuple(int(v) for v in uid_line.split()[1:])
+    return out
+
+
+def check_nothing_runs_as_root(t: Target) -> None:
+    """SBX-ESC-28: in a sandbox made without root no process has uid 0 in any of its ids: PID 1
+    starts as the sandbox user (lxc.init.uid/gid with the login limits as lxc.prlimit.*), sshd and
+    every login, command, terminal and background process are that user, port 22 is open to it."""
+    c = "SBX-ESC-28"
+    assert not t.sb.root, "precondition: a sandbox made without root"
+    s = t.settings
+    base = idmap_base_for(t.ip, s.ip_pool_start, s.idmap_base) if s.idmap_isolated else s.idmap_base
+    user = base + SANDBOX_UID
+    with t.sb.pty(80, 24) as term:  # a terminal, a background process and a command at once
+        bg = t.sb.exec("sleep 60", background=True)
+        try:
+            seen = sandbox_uids(t)
+        finally:
+            bg.kill()
+            term.write("exit\n")
+    wrong = {pid: ids for pid, ids in seen.items() if set(ids) != {user}}
+    require(c, len(seen) >= 4 and not wrong, f"processes not running as the sandbox user {user}: {wrong}")
+    want = {"lxc.init.uid": [str(SANDBOX_UID)], "lxc.init.gid": [str(SANDBOX_UID)]}
+    for key, value in want.items():
+        require(c, ct_config_values(t, key) == value, f"{key} is {ct_config_values(t, key)}")
+    port = t.user.file("/proc/sys/net/ipv4/ip_unprivileged_port_start").content_string.strip()
+    require(c, port == "22", f"ip_unprivileged_port_start is {port}")
+    key = t.user.file("/etc/ssh/ssh_host_ed25519_key")
+    require(c, key.user == "sandbox" and key.mode == 0o600, f"host key {key.user} {oct(key.mode)}")
+
+
+def pve_root_side_refused(t: Target, make: Callable[..., Target]) -> tuple[bool, str]:
+    """SBX-ESC-28's PVE waiver: a PVE sandbox's PID 1 is root even without root, and a fork of a root
+    sandbox's snapshot is refused without root (a template built from code likewise:
+    tests/integration/test_template_from_code_pve.py)."""
+    pid1 = proc_status(init_pid(t))["Uid"].split()[0]
+    source = make(root=True)
+    name = f"esc28{secrets.token_hex(3)}"
+    source.sb.snapshot(name)
+    mgr = sandbox_rt.Manager(t.settings)
+    try:
+        fork = mgr.create(from_snapshot=name, memory_mb=256, labels=dict(t.sb.record.labels))
+    except sandbox_rt.ConfigError as exc:
+        refused = "root=True only" in str(exc)
+    else:
+        fork.destroy()
+        refused = False
+    finally:
+        with contextlib.suppress(sandbox_rt.SandboxError):
+            mgr.delete_snapshot(name)
+    return refused, f"PID 1 host uid {pid1}; a fork without root of a root sandbox refused: {refused}"

@@ -389,6 +389,15 @@ CONTROLS: tuple[Control, ...] = (
        "address nor its MAC nor open raw sockets (both backends)",
        (), _LXC_CONF + " (lxc.cap.drop)", "roles/sandbox_template/templates/sandbox-init.j2",
        "sandbox_rt/backends/records.py (ROOT_ENV)"),
+    _c("SBX-ESC-28", "nothing runs as root without root",
+       "in a sandbox made without root no process has uid 0 in any of its ids (PID 1, sshd, logins, "
+       "commands, terminals, background processes; read from the host's /proc): its init starts as the "
+       "sandbox user (lxc.init.uid/gid, the login limits as lxc.prlimit.*), sshd runs as that user, "
+       "port 22 is open to it, its host key is its own; so nothing a template step or a root sandbox's "
+       "snapshot planted runs as root (tests/integration/runtime/test_root_rule.py). PVE: waived, "
+       "root-tainted sources need root=True there",
+       (), "sandbox_rt/backends/lxc/userinit.py", "roles/sandbox_template/templates/sandbox-init.j2",
+       "roles/template_build/files/sandbox-rt-sshd-port"),
     # -- access -----------------------------------------------------------------------------------
     _c("SBX-ACC-01", "the runtime's credential is scoped",
        "LXC: the SSH key is root-only and only logs in as `sandbox`; PVE: the API token is confined to "

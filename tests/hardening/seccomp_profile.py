@@ -189,8 +189,7 @@ ARGUMENT_DIFFERENCES = (
         "personality with other arguments",
         "EPERM",
         "ENOSYS",
-        "LXC rules cannot say 'none of these values'; both allow the same five values and refuse the "
-        "others",
+        "LXC rules cannot say 'none of these values'; both allow the same five values and refuse the others",
     ),
 )
 

@@ -149,3 +149,14 @@ def test_SBX_ESC_27_root_on_request_stays_confined(site_make: Factory, site: Sit
     t = site_make(root=True)
     root = hosts.sandbox_host(t.sb, site.settings, workdir, user="root")
     checks.check_root_on_request(checks.as_root_login(t, root))
+
+
+def test_SBX_ESC_28_nothing_runs_as_root_without_root(
+    site: Site, site_make: Factory, pve_waivers: dict[str, Waiver]
+) -> None:
+    t = site_make()
+    if site.is_pve:  # PID 1 and sshd still start as root there: root-tainted sources are refused
+        holds, evidence = checks.pve_root_side_refused(t, site_make)
+        assert holds and pve_waivers["SBX-ESC-28"].condition == "pve_root_side_refused", evidence
+        return
+    checks.check_nothing_runs_as_root(t)

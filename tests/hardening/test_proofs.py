@@ -62,6 +62,7 @@ PROVES = {
     "test_proof_module_calls_reaching_the_kernel_are_caught": "SBX-ESC-07",
     "test_proof_missing_userns_lock_is_caught": "SBX-ESC-14",
     "test_proof_setuid_with_new_privs_is_caught": "SBX-ESC-26",
+    "test_proof_init_started_as_root_is_caught": "SBX-ESC-28",
     "test_proof_user_owned_authorized_keys_are_caught": "SBX-USER-04",
     # PVE-backed sandboxes (the emulated node): a CT whose template lacks the raw lxc.* keys
     "test_proof_pve_ct_without_raw_keys_runs_pves_seccomp": "SBX-ESC-11",
@@ -231,10 +232,11 @@ def stock_seccomp(settings: Settings, workdir: Path) -> Iterator[Target]:
 @pytest.fixture(scope="module")
 def unconfined(settings: Settings, workdir: Path) -> Iterator[Target]:
     """A throw-away sandbox with a filter that refuses nothing, no user namespace lock and no
-    no_new_privs: the kernel's own checks alone."""
+    no_new_privs: the kernel's own checks alone (its one start hook opens port 22, SBX-ESC-28)."""
     profile = workdir / "allow-all.seccomp"
     profile.write_text(ALLOW_ALL_SECCOMP)
-    changes = {"lxc.seccomp.profile": str(profile), "lxc.hook.start-host": None, "lxc.no_new_privs": "0"}
+    port_hook = str(checks.role_defaults("template_build")["template_build_sshd_port_hook"])
+    changes = {"lxc.seccomp.profile": str(profile), "lxc.hook.start-host": port_hook, "lxc.no_new_privs": "0"}
     with (
         template_variant(settings, changes) as variant,
         _factory(Manager(variant), settings, workdir) as make_unconfined,
@@ -506,3 +508,11 @@ def test_proof_pve_ct_without_the_hookscripts_disk_caps_is_caught(pve_make: Fact
         (checks.cgroup_dir(t, "io") / "io.max").write_text(lifted)
     expect_violation("SBX-RES-10", nc.check_disk_limits_set, t, 20, 200, match="want")
     expect_violation("SBX-RES-10", nc.check_disk_rates, t, 20, 200, match="O_DIRECT writes at")
+
+
+def test_proof_init_started_as_root_is_caught(make: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sandbox started as before SBX-ESC-28 (no lxc.init.uid lines: PID 1 and sshd as root)."""
+    monkeypatch.setattr(lxc_backend, "init_lines", lambda *_args: [])
+    expect_violation(
+        "SBX-ESC-28", checks.check_nothing_runs_as_root, make(), match="not running as the sandbox user"
+    )

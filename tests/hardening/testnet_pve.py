@@ -217,7 +217,6 @@ def node_network(node: PVENode) -> Iterator[NodeSimNet]:
         Path(net.node_root, NODE_PROBE.lstrip("/")).unlink(missing_ok=True)
 
 
-
 class PveInternetGate:
     """The pve-node site's stand-in for the ``internet_allowed`` set: on PVE a sandbox's internet is
     its CT firewall's rules (``backends/proxmox/firewall.py``), read through the runtime."""

@@ -4,8 +4,9 @@
 mcp`` (stdio and streamable HTTP) is refused and makes nothing; started with ``--allow-root`` they
 make a real root sandbox (``id -u`` as root is 0) and still refuse the caps off.
 
-The servers are the command line in subprocesses (``python -m sandbox_rt``, this tree), the sandboxes
-real LXC ones labelled for this module (swept afterwards whatever happens)."""
+The servers are the command line in subprocesses (``python -m sandbox_rt``, this tree, started by
+tests/integration/server_process.py), the sandboxes real LXC ones labelled for this module (swept
+afterwards whatever happens)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from mcp_types import CallToolResult
 
 import sandbox_rt
 from sandbox_rt import remote
-from tests.integration.prepared import cli_server, labelled_manager
+from tests.integration.prepared import labelled_manager
+from tests.integration.server_process import Served, served
 
 pytestmark = pytest.mark.slow
 
@@ -49,29 +51,14 @@ def manager() -> Iterator[sandbox_rt.Manager]:
         yield mgr
 
 
-@pytest.fixture(scope="module")
-def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("doors") / "token"
-    path.write_text(TOKEN + "\n")
-    path.chmod(0o600)
-    return path
-
-
 def labelled(manager: sandbox_rt.Manager) -> list[str]:
     return [r.id for r in manager.list(labels=LABEL)]
 
 
-@contextlib.contextmanager
-def server(*args: str, ready: str, count: int = 1) -> Iterator[list[str]]:
-    """``python -m sandbox_rt ARGS`` (this tree) until it said where it listens: its URLs."""
-    with cli_server([*CLI, *args], ready, count) as (urls, _):
-        yield urls
-
-
-def serve(token_file: Path, *flags: str) -> contextlib.AbstractContextManager[list[str]]:
-    """``sandbox-rt serve`` with the OpenSandbox port: [native URL, OpenSandbox URL]."""
-    args = ("serve", "--port", "0", "--opensandbox-port", "0", "--token-file", str(token_file), *flags)
-    return server(*args, ready=r"listening on (http://127\.0\.0\.1:\d+)", count=2)
+def serve(tmp: Path, *flags: str) -> contextlib.AbstractContextManager[Served]:
+    """``sandbox-rt serve`` with the OpenSandbox port: urls [native, OpenSandbox]."""
+    command = [*CLI, "serve", "--port", "0", "--opensandbox-port", "0", *flags]
+    return served(command, TOKEN, tmp, r"listening on (http://127\.0\.0\.1:\d+)", count=2)
 
 
 def refusal(r: requests.Response, option: str) -> str:
@@ -83,17 +70,18 @@ def refusal(r: requests.Response, option: str) -> str:
 
 
 # -- sandbox-rt serve ----------------------------------------------------------------------------------
-def test_serve_refuses_root_and_caps_off(token_file: Path, manager: sandbox_rt.Manager) -> None:
+def test_serve_refuses_root_and_caps_off(tmp_path: Path, manager: sandbox_rt.Manager) -> None:
     """The attack through the native API and the remote client of a plain ``serve``: 403
     ``policy_denied`` naming the option, and no sandbox made."""
-    with serve(token_file) as (url, _), requests.Session() as http:
+    with serve(tmp_path) as server, requests.Session() as http:
+        url = server.urls[0]
         http.headers.update(AUTH)
         create = f"{url}/v1/sandboxes"
         message = refusal(http.post(create, json={**SMALL, **ATTACK}, timeout=120), "--allow-root")
         assert "root=true is refused: sandbox-rt serve" in message
         refusal(http.post(create, json={**SMALL, **UNCAPPED}, timeout=120), "--allow-uncapped")
         refusal(http.post(create, json={**SMALL, "disk_mbps": 100_000}, timeout=120), "--allow-uncapped")
-        with remote.Client(url, token_file=token_file) as client:
+        with remote.Client(url, token_file=server.token_file) as client:
             with pytest.raises(sandbox_rt.PolicyDenied, match="--allow-root"):
                 client.create(root=True, **SMALL)
             with pytest.raises(sandbox_rt.PolicyDenied, match="disk_iops=0"):
@@ -101,12 +89,13 @@ def test_serve_refuses_root_and_caps_off(token_file: Path, manager: sandbox_rt.M
     assert labelled(manager) == []
 
 
-def test_serve_allow_root_makes_a_root_sandbox(token_file: Path, manager: sandbox_rt.Manager) -> None:
+def test_serve_allow_root_makes_a_root_sandbox(tmp_path: Path, manager: sandbox_rt.Manager) -> None:
     """``serve --allow-root``: root through the native API (commands run as uid 0), its caps the
     host's defaults; the caps still cannot be switched off; the OpenSandbox dialect, which has no
     root or cap field, makes plain capped sandboxes on the same server."""
     settings = manager.settings
-    with serve(token_file, "--allow-root") as (url, os_url), requests.Session() as http:
+    with serve(tmp_path, "--allow-root") as server, requests.Session() as http:
+        url, os_url = server.urls
         http.headers.update(AUTH)
         r = http.post(f"{url}/v1/sandboxes", json={**SMALL, "root": True}, timeout=120)
         assert r.status_code == 201, r.text
@@ -196,9 +185,10 @@ def test_mcp_stdio_allow_root_makes_a_root_sandbox(manager: sandbox_rt.Manager) 
         time.sleep(0.2)
 
 
-def test_mcp_http_refuses_the_attack(token_file: Path, manager: sandbox_rt.Manager) -> None:
-    args = ("mcp", "--transport", "http", "--port", "0", "--token-file", str(token_file))
-    with server(*args, ready=r"MCP on (http://127\.0\.0\.1:\d+/mcp)") as (url,):
+def test_mcp_http_refuses_the_attack(tmp_path: Path, manager: sandbox_rt.Manager) -> None:
+    command = [*CLI, "mcp", "--transport", "http", "--port", "0"]
+    with served(command, TOKEN, tmp_path, r"MCP on (http://127\.0\.0\.1:\d+/mcp)") as server:
+        url = server.urls[0]
 
         async def main() -> None:
             async with (

@@ -6,6 +6,7 @@ volume). Everything made is removed, whatever failed."""
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import shutil
 import tempfile
@@ -33,13 +34,17 @@ def scratch() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="sandbox-rt-http-volumes-"))
     (path / "allowed" / "in").mkdir(parents=True)
     (path / "allowed" / "in" / "seed.txt").write_text("seeded\n")
+    (path / "allowed" / "team").mkdir()
+    (path / "secret").mkdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def manager(scratch: Path) -> Iterator[sandbox_rt.Manager]:
-    settings = {"volume_dir": scratch / "volumes", "volume_host_dirs": [str(scratch / "allowed")]}
+    # an allowed directory inside another (the shape of issue 35's attack 7)
+    allowed = [str(scratch / "allowed"), str(scratch / "allowed" / "team")]
+    settings = {"volume_dir": scratch / "volumes", "volume_host_dirs": allowed}
     with labelled_manager(LABELS, **settings) as mgr:
         yield mgr
 
@@ -126,3 +131,39 @@ def test_the_remote_clients_mount_volumes(server: ApiServer, manager: sandbox_rt
         for record in manager.list(labels=LABELS):
             manager.destroy(record.id)
         manager.volumes.remove("client-vol")
+
+
+def test_host_paths_over_http_are_never_written_through_or_redirected(
+    server: ApiServer, manager: sandbox_rt.Manager, scratch: Path
+) -> None:
+    """Issue 35's attacks 6 and 7 through the native API (the same Manager.create path as Python):
+    a mount inside a read-only host path is a 400 and makes nothing there; an allowed directory
+    replaced with a link (as a sandbox writing the outer one could), and the link's target, are
+    403s."""
+    allowed = scratch / "allowed"
+    manager.volumes.create("nest-http")
+    before = {r.id for r in manager.list()}
+    try:
+        volumes = {
+            "/h": {"host_path": str(allowed), "read_only": True},
+            "/h/made/by/api": {"volume": "nest-http"},
+        }
+        r = _api(server, "POST", "/v1/sandboxes", json={"labels": LABELS, "volumes": volumes})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "invalid_argument"
+        assert "inside the read-only mount at '/h'" in r.json()["error"]["message"]
+        assert sorted(os.listdir(allowed)) == ["in", "team"]
+        (allowed / "team").rmdir()
+        (allowed / "team").symlink_to(scratch / "secret")
+        for asked, message in ((allowed / "team", "symbolic link"), (scratch / "secret", "not under")):
+            body = {"labels": LABELS, "volumes": {"/x": {"host_path": str(asked)}}}
+            r = _api(server, "POST", "/v1/sandboxes", json=body)
+            assert r.status_code == 403, (asked, r.text)
+            assert (
+                r.json()["error"]["code"] == "volume_not_allowed" and message in r.json()["error"]["message"]
+            )
+        assert {r.id for r in manager.list()} == before
+    finally:
+        for record in manager.list(labels=LABELS):
+            manager.destroy(record.id)
+        manager.volumes.remove("nest-http")

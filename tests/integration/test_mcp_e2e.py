@@ -25,7 +25,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 
 import sandbox_rt
-from tests.integration.prepared import cli_server, labelled_manager
+from tests.integration.prepared import labelled_manager
+from tests.integration.server_process import served
 
 pytestmark = pytest.mark.slow
 
@@ -221,12 +222,10 @@ def test_stdio_sigterm_destroys_the_sessions_sandboxes(manager: sandbox_rt.Manag
 def http_server(
     tmp_path_factory: pytest.TempPathFactory, manager: sandbox_rt.Manager
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    token_file = tmp_path_factory.mktemp("mcp") / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    args = [str(SANDBOX_RT), "mcp", "--transport", "http", "--port", "0", "--token-file", str(token_file)]
-    with cli_server(args, r"MCP on (http://127\.0\.0\.1:\d+/mcp)") as (urls, proc):
-        yield urls[0], proc
+    command = [str(SANDBOX_RT), "mcp", "--transport", "http", "--port", "0"]
+    ready = r"MCP on (http://127\.0\.0\.1:\d+/mcp)"
+    with served(command, TOKEN, tmp_path_factory.mktemp("mcp"), ready) as server:
+        yield server.urls[0], server.proc
 
 
 def test_http_needs_the_token(http_server: tuple[str, subprocess.Popen[str]]) -> None:

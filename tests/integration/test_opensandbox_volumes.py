@@ -146,5 +146,17 @@ def test_a_host_volume_under_an_allowed_dir_and_nothing_else(
         with pytest.raises(SandboxApiException) as err:
             _create(config, [volume])
         assert err.value.status_code == status and message in str(err.value), str(err.value)
+    # issue 35 attack 6: a volume inside a read-only host volume would have its mount point made there
+    nested = [
+        Volume(name="h", host=Host(path=str(allowed)), mount_path="/h", read_only=True),
+        Volume(name="v", pvc=PVC(claim_name=f"nest-{TAG}"), mount_path="/h/made/by/api"),
+    ]
+    with pytest.raises(SandboxApiException) as err:
+        _create(config, nested)
+    assert err.value.status_code == 400 and "inside the read-only mount at '/h'" in str(err.value), str(
+        err.value
+    )
+    assert sorted(os.listdir(allowed)) == ["in", "link"]
     assert {r.id for r in manager.list()} == before
-    assert not os.path.exists(f"{manager.settings.volume_dir}/none-{TAG}")
+    for claim in ("none", "nest"):  # not even the volume made on first use
+        assert not os.path.exists(f"{manager.settings.volume_dir}/{claim}-{TAG}")

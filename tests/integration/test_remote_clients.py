@@ -20,7 +20,8 @@ import pytest
 
 import sandbox_rt
 from sandbox_rt import remote
-from tests.integration.prepared import cli_server, labelled_manager
+from tests.integration.prepared import labelled_manager
+from tests.integration.server_process import served
 
 pytestmark = pytest.mark.slow
 
@@ -121,12 +122,10 @@ def manager() -> Iterator[sandbox_rt.Manager]:
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory, manager: sandbox_rt.Manager) -> Iterator[tuple[str, Path]]:
     """A real ``sandbox-rt serve`` on 127.0.0.1 (a free port), its token in a 0600 file."""
-    token_file = tmp_path_factory.mktemp("api") / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    args = [str(SANDBOX_RT), "serve", "--port", "0", "--token-file", str(token_file)]
-    with cli_server(args, r"listening on (http://127\.0\.0\.1:\d+)") as (urls, _):
-        yield urls[0], token_file
+    command = [str(SANDBOX_RT), "serve", "--port", "0"]
+    ready = r"listening on (http://127\.0\.0\.1:\d+)"
+    with served(command, TOKEN, tmp_path_factory.mktemp("api"), ready) as server:
+        yield server.urls[0], server.token_file
 
 
 def check(outcome: dict[str, Any], manager: sandbox_rt.Manager) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sandbox_rt import Manager, PermissionDenied, StateConflict, Template, TemplateBuildError
+from sandbox_rt import ConfigError, Manager, PermissionDenied, StateConflict, Template, TemplateBuildError
 from sandbox_rt.backends.proxmox import ProxmoxBackend
 from sandbox_rt.templates import BuildResult, TemplateRegistry, remove_template
 from sandbox_rt.templates.build import BUILD_LABEL
@@ -120,14 +120,22 @@ def test_the_build_is_a_ct_template_outside_the_pool(
 
 
 def test_a_sandbox_from_it_has_the_files(manager: Manager, built: tuple[BuildResult, list[str]]) -> None:
-    with manager.create(template=NAME, labels=LABELS, memory_mb=512) as sb:
+    # a build step may have planted what root runs, and on Proxmox VE a sandbox's init and sshd
+    # start as root: only sandboxes with root are made of it (the embedded default runs nothing as
+    # root in a sandbox without root, SBX-ESC-28, and needs no such rule)
+    before = {r.id for r in manager.list()}
+    with pytest.raises(ConfigError, match="root=True only"):
+        manager.create(template=NAME, labels=LABELS, memory_mb=512)
+    assert {r.id for r in manager.list()} == before
+    with manager.create(template=NAME, root=True, labels=LABELS, memory_mb=512) as sb:
         assert sb.read_file("/opt/built-here.txt") == b"tool-ok\ndeployed-by-pyinfra\n"
         assert sb.exec("pve-tool").stdout == b"tool-ok\n"
         assert sb.exec('echo "$TOOL_MODE"').stdout == b"pve\n"
-        # the build's root access and identity did not come along
         assert sb.exec("id -un").stdout == b"sandbox\n"
-        probe = sb.exec("test -e /etc/ssh/authorized_keys/root || test -e /etc/ssh/sshd_config.root; echo $?")
-        assert probe.stdout == b"1\n"
+        # the build's identity did not come along; root's login files are the ones this sandbox's
+        # init wrote (root=True), a copy of the sandbox user's key line
+        keys = "/etc/ssh/authorized_keys"
+        assert sb.read_file(f"{keys}/root") == sb.read_file(f"{keys}/sandbox")
         assert sb.exec("grep -c 'sandbox-rt build egress' /etc/hosts || true").stdout.strip() in (b"0", b"")
         assert sb.record.spec.template == NAME
 
@@ -187,7 +195,7 @@ def test_it_cannot_be_removed_while_used_then_is(
     node: PVENode, manager: Manager, built: tuple[BuildResult, list[str]]
 ) -> None:
     vmid = built[0].template.vmid
-    sb = manager.create(template=NAME, labels=LABELS, memory_mb=512)
+    sb = manager.create(template=NAME, root=True, labels=LABELS, memory_mb=512)
     try:
         with pytest.raises(StateConflict, match=f"in use by sandbox {sb.id}"):
             remove_template(manager, NAME)

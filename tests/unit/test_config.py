@@ -30,6 +30,8 @@ def test_missing_file_means_defaults(tmp_path: Path) -> None:
         ({"bogus_key": 1}, "unknown key(s)"),
         ({"idmap_base": "many"}, "idmap_base='many'"),
         ({"disk_limits": "maybe"}, "disk_limits='maybe' is not a valid bool"),
+        ({"volume_host_dirs": ["/srv/shared/../.."]}, "'..' component"),
+        ({"volume_host_dirs": ["/srv/./shared"]}, "'..' component"),
     ],
 )
 def test_bad_settings_are_named(tmp_path: Path, values: dict[str, object], needle: str) -> None:

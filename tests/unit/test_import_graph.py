@@ -131,3 +131,12 @@ def test_the_graph_is_read() -> None:
     assert "sandbox_rt.backends.lxc.netstate" in graph["sandbox_rt.backends.lxc.backend"]
     assert "sandbox_rt.config" in graph["sandbox_rt.backends.lxc.netstate"]
     assert "sandbox_rt.manager" in graph["sandbox_rt.cli"]
+
+
+def test_the_http_transport_imports_only_the_core() -> None:
+    """The transport (its service, one connection's protocol, the slot table) knows no API."""
+    graph = _edges()
+    transport = {"sandbox_rt.web.transport", "sandbox_rt.web.connection", "sandbox_rt.web.slots"}
+    assert {"sandbox_rt.web.connection", "sandbox_rt.limits"} <= graph["sandbox_rt.web.transport"]
+    for module in sorted(transport):
+        assert graph[module] <= transport | {"sandbox_rt.errors", "sandbox_rt.limits"}, module

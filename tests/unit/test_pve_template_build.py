@@ -197,7 +197,12 @@ def test_a_build_becomes_a_clone_only_template_outside_the_pool(env: Env) -> Non
         env.backend._call("t", lambda: api.nodes(NODE).lxc(vmid).config.put(description="x"))
     with pytest.raises(PermissionDenied):
         env.backend._call("t", lambda: api.nodes(NODE).lxc(vmid).delete())
-    rec = env.backend.clone("sbx-00000000e1", make_spec(host_cpus=2, template="tools"))
+    # a sandbox of it without root is refused before anything is made (docs/proxmox.md, "Root-tainted
+    # sources"); with root it is a linked clone of the template
+    with pytest.raises(ConfigError, match="root=True only"):
+        env.backend.clone("sbx-00000000e0", make_spec(host_cpus=2, template="tools"))
+    assert env.manager.list() == []
+    rec = env.backend.clone("sbx-00000000e1", make_spec(host_cpus=2, template="tools", root=True))
     node, clone_vmid = env.backend._find(rec.id)
     rootfs = env.root.nodes(node).lxc(clone_vmid).config.get()["rootfs"]
     assert f"base-{vmid}-disk-0/" in rootfs and rec.spec.template == "tools"
@@ -364,7 +369,7 @@ def test_an_interrupted_stop_removes_the_build_ct(env: Env, monkeypatch: pytest.
 # -- remove ------------------------------------------------------------------------------------------
 def test_remove_is_refused_while_used_then_deletes_the_template(env: Env) -> None:
     vmid = env.build().template.vmid
-    rec = env.backend.clone("sbx-00000000e2", make_spec(host_cpus=2, template="tools"))
+    rec = env.backend.clone("sbx-00000000e2", make_spec(host_cpus=2, template="tools", root=True))
     with pytest.raises(StateConflict, match=f"in use by sandbox {rec.id}"):
         remove_template(env.manager, "tools")
     assert vmid in env.cts() and TemplateRegistry(env.settings.state_dir).get("tools") is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from sandbox_rt.backends.lxc.fstree import tree_bytes
 from sandbox_rt.backends.lxc.volumes import mount_entries
 from sandbox_rt.backends.records import spec_from_json, spec_to_json
 from sandbox_rt.volumes import VolumeStore, check_mounts, check_volume_name
-from sandbox_rt.volumes.beneath import mkdirs_beneath, open_beneath, open_dir
+from sandbox_rt.volumes.beneath import mkdirs_beneath, open_beneath, open_dir, open_no_links
 from sandbox_rt.volumes.checks import MAX_MOUNTS, check_mount_path, check_sub_path
 from sandbox_rt.volumes.store import host_dir_for, open_host_source
 
@@ -186,8 +187,15 @@ def test_host_paths_must_lie_under_an_allowed_dir(tmp_path: Path) -> None:
     alias = tmp_path / "alias"
     alias.symlink_to(allowed)
     assert host_dir_for(f"{allowed}/p", [str(allowed)]) == (str(allowed), "p")
-    assert host_dir_for(f"{allowed}/p", [str(alias)]) == (str(allowed), "p")  # the resolved form
+    assert host_dir_for(f"{allowed}/p", [f"/{allowed}//"]) == (str(allowed), "p")  # normalised
     assert host_dir_for(str(allowed), [str(allowed)]) == (str(allowed), "")
+    # compared as written, never resolved: a link's target is not allowed because a link points there
+    with pytest.raises(VolumeNotAllowed, match="not under"):
+        host_dir_for(f"{allowed}/p", [str(alias)])
+    with pytest.raises(VolumeNotAllowed, match="not under"):
+        host_dir_for(str(tmp_path), [f"{allowed}/out"])
+    # the innermost allowed directory that holds it
+    assert host_dir_for(f"{allowed}/p/q", [str(allowed), f"{allowed}/p"]) == (f"{allowed}/p", "q")
     with pytest.raises(VolumeNotAllowed, match="not under"):
         host_dir_for(f"{allowed}x/p", [str(allowed)])
     with pytest.raises(VolumeNotAllowed, match="none"):
@@ -197,3 +205,99 @@ def test_host_paths_must_lie_under_an_allowed_dir(tmp_path: Path) -> None:
         open_host_source(VolumeMount("/m", host_path=f"{allowed}/out"), [str(allowed)])
     with pytest.raises(VolumeNotFound, match="not a directory there"):
         open_host_source(VolumeMount("/m", host_path=f"{allowed}/missing"), [str(allowed)])
+
+
+def test_a_mount_inside_a_read_only_mount_is_refused_before_anything_is_made() -> None:
+    for outer in (
+        VolumeMount("/h", host_path="/srv", read_only=True),
+        VolumeMount("/h", volume="a", read_only=True),
+    ):
+        for inner in (VolumeMount("/h/made/by/api", volume="b"), VolumeMount("/h/x", host_path="/srv/o")):
+            with pytest.raises(ConfigError, match=r"'/h/.*' lies inside the read-only mount at '/h'"):
+                check_mounts([inner, outer])
+    for inner_ro in (True, False):  # deeper too, read-only or not
+        deeper = [
+            VolumeMount("/a", volume="a", read_only=True),
+            VolumeMount("/a/b/c", volume="c", read_only=inner_ro),
+        ]
+        with pytest.raises(ConfigError, match="'/a/b/c' lies inside the read-only mount at '/a'"):
+            check_mounts(deeper)
+    beside = [VolumeMount("/h", host_path="/srv", read_only=True), VolumeMount("/hx", volume="b")]
+    assert [m.mount_path for m in check_mounts(beside)] == ["/h", "/hx"]
+    inside_rw = [VolumeMount("/h", host_path="/srv"), VolumeMount("/h/x", volume="b", read_only=True)]
+    assert [m.mount_path for m in check_mounts(inside_rw)] == ["/h", "/h/x"]
+
+
+def test_allowed_dirs_are_opened_without_following_a_link_at_any_component(tmp_path: Path) -> None:
+    allowed = tmp_path / "allowed"
+    (allowed / "inner").mkdir(parents=True)
+    (tmp_path / "alias").symlink_to(allowed)
+    (tmp_path / "via").symlink_to(tmp_path)  # a link on the way to a real directory
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    os.close(open_no_links(str(allowed / "inner")))
+    for path in (tmp_path / "alias", tmp_path / "via" / "allowed"):
+        with pytest.raises(OSError) as err:
+            open_no_links(str(path))
+        assert err.value.errno == errno.ELOOP
+        with pytest.raises(VolumeNotAllowed, match="a component of it is a symbolic link"):
+            open_host_source(VolumeMount("/m", host_path=f"{path}/inner"), [str(path)])
+    # an allowed directory inside another, replaced with a link by a sandbox that writes the outer
+    nested = [str(allowed / "inner"), str(allowed)]
+    os.close(open_host_source(VolumeMount("/m", host_path=str(allowed / "inner")), nested))
+    (allowed / "inner").rmdir()
+    (allowed / "inner").symlink_to(secret)
+    with pytest.raises(VolumeNotAllowed, match="symbolic link"):
+        open_host_source(VolumeMount("/m", host_path=str(allowed / "inner")), nested)
+    with pytest.raises(VolumeNotAllowed, match="not under"):
+        open_host_source(VolumeMount("/m", host_path=str(secret)), nested)
+
+
+def test_mount_points_made_without_an_owner_take_their_directory_owner(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    os.chown(tmp_path / "d", 4321, 4322)
+    root = open_dir(str(tmp_path))
+    try:
+        mkdirs_beneath(root, "d/a/b", owner=None)
+        mkdirs_beneath(root, "mine", owner=1234)
+    finally:
+        os.close(root)
+    for rel, ids in (("d/a", (4321, 4322)), ("d/a/b", (4321, 4322)), ("mine", (1234, 1234))):
+        st = os.stat(tmp_path / rel)
+        assert (st.st_uid, st.st_gid) == ids, rel
+
+
+def test_a_stored_mount_inside_a_read_only_one_gets_no_mount_point_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record stored before check_mounts refused it: it mounts onto a mount point that is there
+    and makes none in the read-only source."""
+    from sandbox_rt.backends.lxc import volumes as lxc_volumes
+
+    bound: list[tuple[str, bool]] = []
+    monkeypatch.setattr(
+        lxc_volumes,
+        "bind_beneath",
+        lambda fd, dst, *, idmap, read_only: bound.append((os.readlink(f"/proc/self/fd/{fd}"), read_only)),
+    )
+    host = tmp_path / "host"
+    host.mkdir()
+    store = _store(tmp_path)
+    store.create("v")
+    cdir = tmp_path / "ct"
+    cdir.mkdir()
+    mounts = (VolumeMount("/h", host_path=str(host), read_only=True), VolumeMount("/h/sub", volume="v"))
+
+    def attach() -> None:
+        lxc_volumes.attach_volumes(
+            cdir, mounts, store=store, host_dirs=[str(host)], idmap=None, root_uid=OWNER
+        )
+
+    with pytest.raises(VolumeNotAllowed, match="cannot find the mount point /h/sub in the read-only"):
+        attach()
+    assert os.listdir(host) == [] and bound == [(str(host), True)]
+    (host / "sub").mkdir()
+    bound.clear()
+    attach()
+    assert bound == [(str(host), True), (store.get("v").path, False)]
+    assert os.listdir(host) == ["sub"]

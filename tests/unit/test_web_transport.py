@@ -9,7 +9,6 @@ test can fail.
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import contextlib
 import inspect
@@ -21,7 +20,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,7 +29,6 @@ from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
 from sandbox_rt.errors import ConfigError
 from sandbox_rt.limits import HttpLimits
-from sandbox_rt.web import transport
 from sandbox_rt.web.transport import HEAD_STARTED, HttpService, Site
 
 SHORT = 0.4  # seconds: the head, idle and I/O timeouts below
@@ -677,12 +674,3 @@ def test_the_uvicorn_internals_the_protocol_relies_on_are_there() -> None:
     cycle = inspect.getsource(RequestResponseCycle.__init__)
     for attribute in ("disconnected", "response_started", "response_complete", "message_event"):
         assert f"self.{attribute} =" in cycle, attribute
-
-
-def test_the_transport_imports_only_the_core() -> None:
-    tree = ast.parse(Path(transport.__file__).read_text())
-    ours = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
-    assert ours <= {"errors", "limits"}, ours
-    absolute = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    absolute |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
-    assert not [m for m in absolute if m.startswith("sandbox_rt")]

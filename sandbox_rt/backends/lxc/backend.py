@@ -65,6 +65,7 @@ from .identity import Overlay, hosts_file, seed_identity
 from .idmap import ID_RANGE, idmapped_bind, isolated_base, own_ids, unmount
 from .netstate import NetState, SandboxNet
 from .snapshots import SnapshotStore, fill_clone
+from .userinit import INIT_KEYS, SandboxUser, init_lines, read_limits, read_user
 from .volumes import attach_volumes, detach_volumes, mount_entries
 
 __all__ = ["LxcBackend"]
@@ -86,6 +87,7 @@ _OURS = (
     "lxc.cgroup2.cpuset.",
     "lxc.cgroup.blkio.",
     "lxc.cgroup2.io.",
+    *INIT_KEYS,
 )
 _LIMIT_KEYS = tuple(k for k in _OURS if k.startswith("lxc.cgroup"))  # the limit keys among them
 _ISOLATION_KEYS = ("lxc.idmap", "lxc.rootfs.path")  # replaced per clone with isolated id maps
@@ -264,6 +266,9 @@ class LxcBackend:
         lines = [ln for ln in config_lines(cdir) if not ln.strip().startswith(ours)]
         upper = rootfs_dirs(cdir)[1]
         seen: list[HostLoad] = []
+        default_root = self._template_rootfs(DEFAULT_TEMPLATE)
+        user = read_user(default_root, self.settings.ssh_user)
+        login_limits = read_limits(default_root)
 
         def in_use() -> set[str]:  # under the pool's lock, like commit
             seen.append(host_load(self.path, skip=sandbox_id))
@@ -288,7 +293,8 @@ class LxcBackend:
                 f"lxc.net.0.hwaddr = {mac_for_ip(ip)}",
                 f"lxc.net.0.veth.pair = sbx{sandbox_id[4:]}",
                 *limits,
-                *([f"lxc.environment = {ROOT_ENV}"] if spec.root else []),
+                # root on request; otherwise PID 1 starts as the sandbox user (userinit.py)
+                *([f"lxc.environment = {ROOT_ENV}"] if spec.root else init_lines(user, login_limits)),
                 *mount_entries(cdir, spec.volumes),
             ]
             replace_config(cdir, [*lines, *extra])
@@ -296,7 +302,7 @@ class LxcBackend:
         ip = self.pool.allocate(in_use, commit)
         if isolated:
             own_ids(cdir, upper, cdir / LOWER_MOUNT, template_base=self.settings.idmap_base)
-        host_pub = self._seed_rootfs(cdir, hostname, ip, made_from)
+        host_pub = self._seed_rootfs(cdir, hostname, ip, made_from, None if spec.root else user)
         record = new_record(sandbox_id, spec, ip=ip, host_key=host_pub, backend=self.name)
         write_record(cdir, record, process_start_time(record.owner_pid), template_container=made_from)
         # its port may send only as itself, within its bandwidth, from its first frame on
@@ -309,15 +315,21 @@ class LxcBackend:
             old, ip=ip, port=f"sbx{sandbox_id[4:]}", mac=mac_for_ip(ip), net_mbps=spec.net_mbps
         )
 
-    def _seed_rootfs(self, cdir: Path, hostname: str, ip: str, container: str) -> str:
-        """The clone's own host key, machine-id, names and resolver (see identity.py)."""
+    def _seed_rootfs(
+        self, cdir: Path, hostname: str, ip: str, container: str, user: SandboxUser | None
+    ) -> str:
+        """The clone's own host key, machine-id, names and resolver (see identity.py); the host key
+        belongs to ``user`` when sshd runs as that user (a sandbox without root), else to root."""
         fs = Overlay(
             lower=self._container_rootfs(container),
             upper=rootfs_dirs(cdir)[1],
             template_base=self.settings.idmap_base,
             shift=id_base(cdir, self.settings.idmap_base) - self.settings.idmap_base,
         )
-        return seed_identity(fs, hostname=hostname, ip=ip, dns_server=self.settings.dns_server)
+        key_owner = None if user is None else (user.uid, user.gid)
+        return seed_identity(
+            fs, hostname=hostname, ip=ip, dns_server=self.settings.dns_server, key_owner=key_owner
+        )
 
     # -- isolated id maps (see idmap.py) ----------------------------------------------------------
     def _write_record(self, record: SandboxRecord, owner_start: int | None) -> None:
@@ -376,12 +388,8 @@ class LxcBackend:
 
     def _sandbox_uid(self) -> int:
         """The uid of the sandbox user (``ssh_user``) in the default template (1000 if unreadable)."""
-        passwd = self._template_rootfs(DEFAULT_TEMPLATE) / "etc" / "passwd"
-        with contextlib.suppress(OSError, ValueError):
-            for line in passwd.read_text().splitlines():
-                fields = line.split(":")
-                if len(fields) >= 3 and fields[0] == self.settings.ssh_user:
-                    return int(fields[2])
+        with contextlib.suppress(BackendError):
+            return read_user(self._template_rootfs(DEFAULT_TEMPLATE), self.settings.ssh_user).uid
         return 1000
 
     def _volume_users(self) -> dict[str, tuple[str, ...]]:

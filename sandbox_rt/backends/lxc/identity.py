@@ -35,8 +35,11 @@ def hosts_file(ip: str, hostname: str) -> str:
     return f"127.0.0.1\tlocalhost\n{ip}\t{hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 
 
-def seed_identity(fs: Overlay, *, hostname: str, ip: str, dns_server: str) -> str:
-    """Write the clone's identity into ``fs.upper``; returns its host key's public half."""
+def seed_identity(
+    fs: Overlay, *, hostname: str, ip: str, dns_server: str, key_owner: tuple[int, int] | None = None
+) -> str:
+    """Write the clone's identity into ``fs.upper``; returns its host key's public half. The private
+    key belongs to ``key_owner`` (uid, gid in the container) when given, else to root."""
     # the upper dir's root is the container's "/": give it the lower root's owner and mode
     # (lxc-copy creates it under the caller's umask, e.g. 0700, which would lock out the user)
     st = fs.lower.stat()
@@ -49,7 +52,6 @@ def seed_identity(fs: Overlay, *, hostname: str, ip: str, dns_server: str) -> st
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     pub_line = public.decode() + f" root@{hostname}"
     files: list[tuple[str, bytes, int]] = [
-        ("etc/ssh/ssh_host_ed25519_key", private, 0o600),
         ("etc/ssh/ssh_host_ed25519_key.pub", (pub_line + "\n").encode(), 0o644),
         ("etc/machine-id", (secrets.token_hex(16) + "\n").encode(), 0o444),
         ("etc/hostname", f"{hostname}\n".encode(), 0o644),
@@ -58,11 +60,15 @@ def seed_identity(fs: Overlay, *, hostname: str, ip: str, dns_server: str) -> st
     ]
     for rel, data, mode in files:
         write_into_upper(fs, rel, data, mode)
+    write_into_upper(fs, "etc/ssh/ssh_host_ed25519_key", private, 0o600, owner=key_owner)
     return public.decode()
 
 
-def write_into_upper(fs: Overlay, rel: str, data: bytes, mode: int) -> None:
-    """Create ``rel`` in the overlay's upper dir, owned by container root, parents like the lower's.
+def write_into_upper(
+    fs: Overlay, rel: str, data: bytes, mode: int, owner: tuple[int, int] | None = None
+) -> None:
+    """Create ``rel`` in the overlay's upper dir, owned by container root (or ``owner``, ids in the
+    container), parents like the lower's.
     A fork's delta comes from a sandbox: nothing here follows a link it may have put there."""
     base = fs.root_uid
     parts = Path(rel).parts
@@ -85,7 +91,8 @@ def write_into_upper(fs: Overlay, rel: str, data: bytes, mode: int) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         os.write(fd, data)
-        os.fchown(fd, base, base)
+        uid, gid = owner or (0, 0)
+        os.fchown(fd, base + uid, base + gid)
         os.fchmod(fd, mode)
     finally:
         os.close(fd)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ...errors import BackendError, VolumeNotAllowed
 from ...models import VolumeMount
-from ...volumes.beneath import mkdirs_beneath
+from ...volumes.beneath import mkdirs_beneath, open_beneath
 from ...volumes.store import VolumeStore, open_host_source
 from .idmap import bind_beneath, unmount
 
@@ -52,10 +52,13 @@ def attach_volumes(
     """Mount each source at ``<cdir>/volumes/<i>`` for ``lxc-start`` (detach_volumes undoes it).
 
     ``mounts`` come sorted (check_mounts): a mount inside another one's path gets its mount point
-    made in that source here, on the host, never through a link (so it also works under a
-    read-only mount). A source that is gone, not allowed or reached through a link raises
-    VolumeNotFound / VolumeNotAllowed. ``root_uid`` (the sandbox's root on the host, which makes
-    LXC's mounts) owns the mount points' dir."""
+    made in that source here, on the host, never through a link, owned like the volume's files
+    (in a host directory: like the directory it is made in, so a sandbox gets no directory there
+    it could not have made itself). Nothing is ever made in a read-only source: check_mounts
+    refuses a mount inside a read-only one; a record stored before that rule mounts only onto a
+    mount point that is already there. A source that is gone, not allowed or reached through a link
+    raises VolumeNotFound / VolumeNotAllowed. ``root_uid`` (the sandbox's root on the host, which
+    makes LXC's mounts) owns the mount points' dir."""
     if not mounts:
         return
     (cdir / MOUNTS_DIR).mkdir(mode=0o700, exist_ok=True)
@@ -68,14 +71,7 @@ def attach_volumes(
             )
             parent = _parent(mounts, i)
             if parent is not None:
-                rel = mount.mount_path[len(mounts[parent].mount_path) + 1 :]
-                try:
-                    mkdirs_beneath(fds[parent], rel, owner=store.owner)
-                except OSError as exc:
-                    raise VolumeNotAllowed(
-                        f"cannot make the mount point {mount.mount_path} in the volume at "
-                        f"{mounts[parent].mount_path}: {exc.strerror or exc}"
-                    ) from exc
+                _mount_point(mounts, parent, i, fds[parent], owner=store.owner)
             dst = cdir / MOUNTS_DIR / str(i)
             dst.mkdir(mode=0o700, exist_ok=True)
             try:
@@ -86,6 +82,24 @@ def attach_volumes(
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _mount_point(mounts: Sequence[VolumeMount], parent: int, i: int, parent_fd: int, *, owner: int) -> None:
+    """Make mount ``i``'s mount point in the source of mount ``parent`` (open as ``parent_fd``),
+    never through a link; in a read-only source it must be there already (nothing is made)."""
+    outer = mounts[parent]
+    rel = mounts[i].mount_path[len(outer.mount_path) + 1 :]
+    try:
+        if outer.read_only:
+            os.close(open_beneath(parent_fd, rel))
+        else:
+            mkdirs_beneath(parent_fd, rel, owner=owner if outer.volume is not None else None)
+    except OSError as exc:
+        what = "find" if outer.read_only else "make"
+        raise VolumeNotAllowed(
+            f"cannot {what} the mount point {mounts[i].mount_path} in the "
+            f"{'read-only ' if outer.read_only else ''}volume at {outer.mount_path}: {exc.strerror or exc}"
+        ) from exc
 
 
 def _parent(mounts: Sequence[VolumeMount], i: int) -> int | None:

@@ -210,6 +210,19 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
     def clone(self, sandbox_id: str, spec: SandboxSpec) -> SandboxRecord:
         return self._clone_placed(sandbox_id, spec, None)
 
+    def _check_root_side(self, spec: SandboxSpec) -> None:
+        """On Proxmox VE a sandbox's init and sshd still run as root (the embedded default starts a
+        sandbox made without root as its user, SBX-ESC-28): a template built from code, whose steps
+        ran as root and may have planted what root runs (PAM, NSS, ld.so, sshd, ...), gives only
+        sandboxes with root. The default template and the inventory's (Ansible's) are trusted."""
+        if spec.root or spec.template == DEFAULT_TEMPLATE or spec.template in self.settings.pve_templates:
+            return
+        raise ConfigError(
+            f"template {spec.template!r} was built from code: on Proxmox VE its sandboxes are made with "
+            "root=True only (a build step may have planted code that root runs there; docs/proxmox.md, "
+            "'Root-tainted sources')"
+        )
+
     def _clone_from(
         self, sandbox_id: str, spec: SandboxSpec, source: tuple[str, int, str | None]
     ) -> SandboxRecord:
@@ -217,6 +230,7 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
         (node, vmid, name) a full clone of that CT's snapshot (PVE clones a CT that is not a
         template only in full)."""
         self._check_egress(spec.egress)  # before anything is made
+        self._check_root_side(spec)
         self._check_firewall_gate()
         node, template_vmid, snapname = source
         snapshot = (node, template_vmid, snapname) if snapname else None

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ...errors import BackendError, PermissionDenied, SnapshotNotFound, StateConflict
+from ...errors import BackendError, ConfigError, PermissionDenied, SnapshotNotFound, StateConflict
 from ...filelock import file_lock
 from ...models import SandboxRecord, SandboxSpec, SnapshotInfo
 from .core import PveCore
@@ -100,5 +100,12 @@ class PveSnapshots(PveCore):
 
     def clone_from_snapshot(self, sandbox_id: str, spec: SandboxSpec, name: str) -> SandboxRecord:
         node, vmid, template = self._find_snapshot(name)  # SnapshotNotFound before anything is made
+        if not spec.root and self._record_at(node, vmid).spec.root:
+            # what the source's root left in its files would run as root in the fork (init and sshd
+            # still start as root on Proxmox VE): forks of a root sandbox keep root
+            raise ConfigError(
+                f"snapshot {name!r} is of a sandbox made with root=True: on Proxmox VE its forks are made "
+                "with root=True only (docs/proxmox.md, 'Root-tainted sources')"
+            )
         spec = dataclasses.replace(spec, template=template)  # the fork's, for its record
         return self._clone_from(sandbox_id, spec, (node, vmid, name))

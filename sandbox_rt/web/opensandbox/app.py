@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp
 
 from ..app import install_error_handlers, thread_lifespan
 from ..gate import Gate
@@ -19,7 +18,7 @@ API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
 ROUTERS = (lifecycle.router, execd.router)
 
 
-def build_opensandbox_app(ctx: Context, *, token: str) -> ASGIApp:
+def build_opensandbox_app(ctx: Context, *, token: str) -> Gate:
     """The dialect over the runtime of ``ctx`` (shared with the native app of the same server)."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, lifespan=thread_lifespan(ctx.limits))
     app.state.ctx = ctx
