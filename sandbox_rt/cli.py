@@ -25,6 +25,7 @@ from .errors import ConfigError, SandboxError
 from .limits import HTTP_LIMITS
 from .manager import Manager
 from .models import DEFAULT_CPUS, DEFAULT_DISK_GB, DEFAULT_MEMORY_MB, SandboxRecord
+from .policy import DoorPolicy
 from .sandbox import Sandbox
 
 __all__ = ["main"]
@@ -244,6 +245,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="close a keep-alive connection idle for this long (default: %(default)s)",
     )
+    _policy_args(sv)
 
     _mcp_args(command("mcp", help="an MCP server: sandboxes as tools (stdio, or HTTP with a token)"))
 
@@ -253,6 +255,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("--once", action="store_true", help="one sweep (e.g. from cron), then exit")
     return p
+
+
+def _policy_args(door: argparse.ArgumentParser) -> None:
+    """What the clients of ``serve`` and ``mcp`` may ask of create (sandbox_rt/policy.py)."""
+    door.add_argument("--allow-root", action="store_true", help="clients may create sandboxes with root")
+    door.add_argument(
+        "--allow-uncapped",
+        action="store_true",
+        help="clients may switch a cap off (0) or raise it above the host's default",
+    )
 
 
 def _mcp_args(mc: argparse.ArgumentParser) -> None:
@@ -282,6 +294,7 @@ def _mcp_args(mc: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="http: end an idle session",
     )
+    _policy_args(mc)
 
 
 def _command(words: Sequence[str]) -> list[str]:
@@ -508,9 +521,21 @@ class _Cli:
             token=token,
             limits=limits,
             opensandbox_port=a.opensandbox_port,
+            policy=self._policy(mgr, "sandbox-rt serve"),
             on_ready=lambda url: self.progress(f"listening on {url}"),
         )
         return 0
+
+    def _policy(self, mgr: Manager, door: str) -> DoorPolicy:
+        a = self.args
+        if a.allow_root or a.allow_uncapped:  # the operator widened what agents may ask: say so
+            logging.getLogger(__name__).warning(
+                "%s: clients may create root sandboxes: %s, uncapped ones: %s",
+                door,
+                a.allow_root,
+                a.allow_uncapped,
+            )
+        return DoorPolicy.of(mgr, door=door, allow_root=a.allow_root, allow_uncapped=a.allow_uncapped)
 
     def mcp(self) -> int:
         from .api.mcp import McpOptions, SandboxMcp
@@ -529,7 +554,8 @@ class _Cli:
             session_idle_s=a.session_idle,
         )
         token = load_token(a.token_file) if a.transport == "http" else None
-        mcp = SandboxMcp(Manager.from_env(), options)
+        mgr = Manager.from_env()
+        mcp = SandboxMcp(mgr, options, self._policy(mgr, "sandbox-rt mcp"))
         if token is None:
             serve_stdio(mcp)  # stdout carries the protocol: progress and logs go to stderr
         else:

@@ -17,6 +17,7 @@ __all__ = [
     "FirewallDisabled",
     "HostKeyMismatch",
     "PermissionDenied",
+    "PolicyDenied",
     "SandboxError",
     "SandboxNotFound",
     "SandboxNotReady",
@@ -45,6 +46,13 @@ class StateConflict(ConfigError):
     """A well-formed request that the current state refuses: a snapshot name that is taken, root
     asked of a sandbox made without it. A ConfigError (callers that catch those still do); the HTTP
     API answers it 409, not 400."""
+
+
+class PolicyDenied(ConfigError):
+    """A front door that agents use (the HTTP APIs, the MCP server) refuses what its operator did
+    not allow: ``root=True`` without ``--allow-root``, a cap switched off (0) or raised above the
+    host's default without ``--allow-uncapped`` (:class:`sandbox_rt.policy.DoorPolicy`). The message
+    names the option; nothing was made. The HTTP APIs answer it 403 ``policy_denied``."""
 
 
 class BackendError(SandboxError):

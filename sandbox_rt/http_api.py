@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from .errors import ConfigError
 from .limits import HTTP_LIMITS, HttpLimits
+from .policy import DoorPolicy
 from .web.app import build_app
 from .web.errors import HttpError
 from .web.params import Context
@@ -40,6 +41,7 @@ __all__ = [
     "DEFAULT_PORT",
     "TOKEN_ENV",
     "ApiServer",
+    "DoorPolicy",
     "HttpError",
     "HttpLimits",
     "ManagerLike",
@@ -61,7 +63,9 @@ class ApiServer:
     The socket is bound on construction; :meth:`start` serves in a background thread (tests),
     :meth:`serve_forever` in the calling one. :meth:`stop` closes the SSH connections of the
     cached sandboxes; it never destroys a sandbox. ``limits`` (default :data:`HTTP_LIMITS`) bound
-    what a client may cost; ``max_body_bytes`` overrides its ``max_body_bytes``.
+    what a client may cost; ``max_body_bytes`` overrides its ``max_body_bytes``. ``policy`` says
+    what clients may ask of create (default: no root, caps at most the host's defaults;
+    :class:`~sandbox_rt.policy.DoorPolicy`), on both APIs.
     """
 
     def __init__(
@@ -74,6 +78,7 @@ class ApiServer:
         max_body_bytes: int | None = None,
         limits: HttpLimits = HTTP_LIMITS,
         opensandbox_port: int | None = None,
+        policy: DoorPolicy | None = None,
     ) -> None:
         token = check_token(token, "the token argument")  # refuse to start without a usable token
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
@@ -83,7 +88,13 @@ class ApiServer:
         if max_body_bytes is not None:
             limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)  # validated there
         self.limits = limits
-        ctx = Context(manager, SandboxCache(manager), limits)  # one runtime, one cache, for every site
+        if policy is None:
+            policy = DoorPolicy.of(manager)
+        elif not isinstance(policy, DoorPolicy):
+            raise ConfigError(f"policy={policy!r} must be a sandbox_rt.policy.DoorPolicy")
+        self.policy = policy
+        # one runtime, one cache, one policy, for every site
+        ctx = Context(manager, SandboxCache(manager), limits, policy)
         self.cache = ctx.cache
         native = build_app(manager, token=token, limits=limits, ctx=ctx)
         sites = [Site(native, host, port, credentials=native.authorized)]
@@ -166,6 +177,7 @@ def serve(
     max_body_bytes: int | None = None,
     limits: HttpLimits = HTTP_LIMITS,
     opensandbox_port: int | None = None,
+    policy: DoorPolicy | None = None,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serve the HTTP API until SIGINT/SIGTERM (blocking). ``on_ready(url)`` is called once listening.
@@ -180,6 +192,7 @@ def serve(
         max_body_bytes=max_body_bytes,
         limits=limits,
         opensandbox_port=opensandbox_port,
+        policy=policy,
     )
     try:
         if on_ready is not None:

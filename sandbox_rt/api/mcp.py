@@ -43,6 +43,7 @@ from ..models import (
     ExecResult,
     SnapshotInfo,
 )
+from ..policy import DoorPolicy
 from ..validation import MAX_TTL_S, check_snapshot_name
 from .mcp_answers import (
     CommandResult,
@@ -134,10 +135,15 @@ Encoding = Literal["text", "base64"]
 
 
 class SandboxMcp:
-    """The MCP server over one manager. :meth:`close` destroys what its sessions still hold."""
+    """The MCP server over one manager. :meth:`close` destroys what its sessions still hold.
+    ``policy``: what sessions may ask of create_sandbox (default: no root, caps at most the host's
+    defaults; ``sandbox-rt mcp --allow-root`` / ``--allow-uncapped``)."""
 
-    def __init__(self, manager: ManagerLike, options: McpOptions | None = None) -> None:
+    def __init__(
+        self, manager: ManagerLike, options: McpOptions | None = None, policy: DoorPolicy | None = None
+    ) -> None:
         self.options = options if options is not None else McpOptions()
+        self.policy = policy if policy is not None else DoorPolicy.of(manager, door="sandbox-rt mcp")
         self.manager = manager
         self.server_id = secrets.token_hex(5)
         self.sessions = SessionSandboxes(
@@ -197,6 +203,7 @@ class SandboxMcp:
     # -- work (on worker threads) ----------------------------------------------------------------
     def _create(self, key: str, spec: dict[str, Any]) -> SandboxView:
         o = self.options
+        self.policy.check_create(spec)  # root and caps: what the operator allows this server's clients
         labels = dict(spec.pop("labels") or {})
         for reserved in (SESSION_LABEL, SERVER_LABEL):
             if reserved in labels:
@@ -269,6 +276,15 @@ class SandboxMcp:
         o = self.options
         sessions = self.sessions
         templates = self.manager.templates()
+        policy = self.policy
+
+        def cap(what: str, name: str) -> str:  # what the policy lets a session ask (DoorPolicy)
+            top = policy.ceiling(name)
+            return what if policy.allow_uncapped or not top else f"{what}, 1 to {top} (default {top})"
+
+        root_text = "commands may run as root (run_command user=root), e.g. apt-get"
+        if not policy.allow_root:
+            root_text += "; this server refuses it (its operator did not allow root)"
 
         @tool(
             name="create_sandbox",
@@ -299,12 +315,16 @@ class SandboxMcp:
             from_snapshot: Annotated[
                 str | None, Field(description="fork a snapshot this session took (snapshot_sandbox)")
             ] = None,
-            net_mbps: Annotated[int | None, Field(description="network cap, Mbit/s each way")] = None,
-            disk_mbps: Annotated[int | None, Field(description="disk bandwidth cap, MB/s")] = None,
-            disk_iops: Annotated[int | None, Field(description="disk operations per second cap")] = None,
-            root: Annotated[
-                bool, Field(description="commands may run as root (run_command user=root), e.g. apt-get")
-            ] = False,
+            net_mbps: Annotated[
+                int | None, Field(description=cap("network cap, Mbit/s each way", "net_mbps"))
+            ] = None,
+            disk_mbps: Annotated[
+                int | None, Field(description=cap("disk bandwidth cap, MB/s", "disk_mbps"))
+            ] = None,
+            disk_iops: Annotated[
+                int | None, Field(description=cap("disk operations per second cap", "disk_iops"))
+            ] = None,
+            root: Annotated[bool, Field(description=root_text)] = False,
             template: Annotated[
                 str | None,
                 Field(description=f"clone this template (one of: {', '.join(templates)}; default: default)"),

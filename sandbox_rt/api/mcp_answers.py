@@ -21,6 +21,7 @@ from ..errors import (
     FirewallDisabled,
     HostKeyMismatch,
     PermissionDenied,
+    PolicyDenied,
     SandboxError,
     SandboxNotFound,
     SandboxNotReady,
@@ -166,6 +167,7 @@ def ok(model: BaseModel, text: str | None = None) -> CallToolResult:
 
 # -- errors: the one place the runtime's errors become MCP tool errors -----------------------------------
 _CODES: tuple[tuple[type[SandboxError], str], ...] = (
+    (PolicyDenied, "policy_denied"),
     (ConfigError, "invalid_argument"),
     (SandboxNotFound, "not_found"),
     (SnapshotNotFound, "snapshot_not_found"),

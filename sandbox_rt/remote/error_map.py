@@ -20,6 +20,7 @@ from ..errors import (
     FirewallDisabled,
     HostKeyMismatch,
     PermissionDenied,
+    PolicyDenied,
     ProcessNotFound,
     SandboxError,
     SandboxNotFound,
@@ -106,6 +107,8 @@ def error_from_answer(
         return ConfigError(message)
     if code == "volume_not_allowed":
         return VolumeNotAllowed(message)
+    if code == "policy_denied":
+        return PolicyDenied(message)
     if code == "not_found":
         if kind == "SnapshotNotFound" and ctx.snapshot is not None:
             return SnapshotNotFound(ctx.snapshot)

@@ -25,6 +25,7 @@ from .. import __version__
 from ..config import Settings
 from ..errors import ConnectionLost, SandboxError, SandboxNotFound
 from ..limits import HTTP_LIMITS, HttpLimits
+from ..policy import DoorPolicy
 from . import native, processes, schemas
 from .bodies import describe_errors
 from .errors import HttpError, error_for
@@ -190,7 +191,7 @@ def build_app(
     """The native API over ``manager``, behind the bearer ``token`` and ``limits``; ``ctx``: the
     context (attached sandboxes) to share with another app of the same server."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, lifespan=thread_lifespan(limits))
-    app.state.ctx = ctx or Context(manager, SandboxCache(manager), limits)
+    app.state.ctx = ctx or Context(manager, SandboxCache(manager), limits, DoorPolicy.of(manager))
     app.state.document = served_document(manager)
     for router in ROUTERS:
         app.include_router(router)

@@ -18,6 +18,7 @@ from ..errors import (
     ConnectionLost,
     FileOperationError,
     PermissionDenied,
+    PolicyDenied,
     ProcessNotFound,
     SandboxError,
     SandboxNotFound,
@@ -105,6 +106,8 @@ def error_for(exc: SandboxError, encoding: str = "utf-8") -> HttpError:
         return HttpError(409, "conflict", message, extra=extra)
     if isinstance(exc, VolumeNotAllowed):  # a well-formed mount this host refuses to make
         return HttpError(403, "volume_not_allowed", message, extra=extra)
+    if isinstance(exc, PolicyDenied):  # what this server's operator does not let clients ask
+        return HttpError(403, "policy_denied", message, extra=extra)
     if isinstance(exc, ConfigError):
         return HttpError(400, "invalid_argument", message, extra=extra)
     if isinstance(exc, SandboxNotFound | SnapshotNotFound | ProcessNotFound | VolumeNotFound):

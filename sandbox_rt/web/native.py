@@ -133,6 +133,7 @@ def create_sandbox(
     given = body.model_dump(include=body.model_fields_set)
     kwargs = {k: v for k, v in given.items() if v is not None}
     kwargs.setdefault("detached", True)  # lives by its TTL, not by this server process
+    ctx.policy.check_create(kwargs)  # root and caps: what the operator allows this server's clients
     if "volumes" in kwargs:
         kwargs["volumes"] = [VolumeMount(path, **source) for path, source in kwargs["volumes"].items()]
     sb = ctx.manager.create(**kwargs)

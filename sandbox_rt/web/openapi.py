@@ -39,7 +39,10 @@ ERROR_TEXT = {
     "400": "Invalid argument: malformed JSON, an unknown field, a wrong type or an out-of-range value "
     "(the message names the field), or a malformed or repeated Content-Length (connection closed).",
     "401": "Missing or wrong bearer token.",
-    "403": "The file operation was refused inside the sandbox (EACCES/EPERM).",
+    "403": "file_permission_denied: the file operation was refused inside the sandbox (EACCES/EPERM); "
+    "volume_not_allowed: a mount's host path is not allowed; policy_denied: a create this server's "
+    "operator does not let clients ask (root without --allow-root, a cap of 0 or above the host's "
+    "default without --allow-uncapped).",
     "404": "No such sandbox (or snapshot, or file for the files endpoints).",
     "405": "The path exists but not with this method (see the Allow header).",
     "408": f"request_timeout: the request head (and, without a valid token, its body) did not arrive "

@@ -11,6 +11,7 @@ from fastapi import Depends, Path, Query, Request
 from pydantic import AfterValidator, BaseModel
 
 from ..limits import HttpLimits
+from ..policy import DoorPolicy
 from ..validation import check_sandbox_id, check_snapshot_name
 from ..volumes import check_volume_name
 from . import schemas as s
@@ -33,11 +34,13 @@ M = TypeVar("M", bound=BaseModel)
 
 @dataclasses.dataclass
 class Context:
-    """What the routes share: the runtime, its attached sandboxes, the server's limits."""
+    """What the routes share: the runtime, its attached sandboxes, the server's limits, and what
+    its clients may ask of create (every create route calls ``policy.check_create`` first)."""
 
     manager: ManagerLike
     cache: SandboxCache
     limits: HttpLimits
+    policy: DoorPolicy = dataclasses.field(default_factory=DoorPolicy)
 
 
 def _context(request: Request) -> Context:

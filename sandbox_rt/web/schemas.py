@@ -123,7 +123,9 @@ _CAP_TEXT = {
 def _cap(name: str, top: int) -> Any:
     return Field(
         default=None,
-        description=f"{_CAP_TEXT[name]} Default (absent or null): the host's default_{name}; 0: none.",
+        description=f"{_CAP_TEXT[name]} Default (absent or null): the host's default_{name}; 0: none. "
+        "0 or more than the host's default is 403 policy_denied unless the server runs with "
+        "--allow-uncapped.",
         json_schema_extra={"minimum": 0, "maximum": top},
     )
 
@@ -212,7 +214,7 @@ class CreateSandboxRequest(RequestBody):
         default=False,
         description="Root on request: commands may run as the sandbox's root (exec with user=root), "
         "e.g. apt-get install through the egress list. The container stays unprivileged; never "
-        "taken from the warm pool.",
+        "taken from the warm pool. 403 policy_denied unless the server runs with --allow-root.",
     )
     template: Annotated[Any, Kind("string", nullable=True, pattern=TEMPLATE_PATTERN)] = Field(
         default=None,

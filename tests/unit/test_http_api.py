@@ -734,20 +734,6 @@ def test_templates_are_listed_and_create_takes_one(
     assert r.status_code == 400 and "default, base" in error_of(r)["message"]
 
 
-def test_root_on_request_passes_through(api: Callable[..., requests.Response], mgr: FakeManager) -> None:
-    assert api("POST", "/v1/sandboxes", json={"root": True}).status_code == 201
-    assert mgr.created[-1] == {"root": True, "detached": True}
-    sid = make_box(api)
-    path = f"/v1/sandboxes/{sid}/exec"
-    assert api("POST", path, json={"command": "id -u", "user": "root"}).status_code == 200
-    assert mgr.handed[-1].calls[-1][1]["user"] == "root"
-    r = api("POST", path, json={"command": "id -u", "user": "root", "stream": True})
-    assert r.status_code == 200
-    assert mgr.handed[-1].calls[-1] == ("exec_stream", {"command": "id -u", "timeout": None, "user": "root"})
-    assert api("POST", path, json={"command": "id -u", "user": None}).status_code == 200
-    assert "user" not in mgr.handed[-1].calls[-1][1]  # null: the default user
-
-
 def test_exec_timeout_is_504_with_the_output_so_far(
     api: Callable[..., requests.Response], mgr: FakeManager
 ) -> None:

@@ -37,6 +37,7 @@ from sandbox_rt.api.mcp import McpOptions, SandboxMcp
 from sandbox_rt.api.mcp_sessions import SessionSandboxes
 from sandbox_rt.api.mcp_transport import BearerToken
 from sandbox_rt.models import EntryInfo, ExecResult, ResourceUsage, SandboxStatus, SnapshotInfo
+from sandbox_rt.policy import DoorPolicy
 
 TOOLS = {
     "create_sandbox",
@@ -228,8 +229,10 @@ def mgr() -> FakeManager:
 
 
 @pytest.fixture
-def srv(mgr: FakeManager) -> Any:
-    server = SandboxMcp(mgr, McpOptions(max_sandboxes=2, max_output=8, base_snapshots=("shared_base",)))  # type: ignore[arg-type]
+def srv(mgr: FakeManager, request: pytest.FixtureRequest) -> Any:
+    policy = getattr(request, "param", None)  # a DoorPolicy (indirect parametrization); None: the default
+    options = McpOptions(max_sandboxes=2, max_output=8, base_snapshots=("shared_base",))
+    server = SandboxMcp(mgr, options, policy)  # type: ignore[arg-type]
     yield server
     server.close(10)
 
@@ -292,6 +295,7 @@ def test_sandboxes_per_session_are_capped(srv: SandboxMcp, mgr: FakeManager) -> 
     run(main())
 
 
+@pytest.mark.parametrize("srv", [DoorPolicy(allow_root=True, door="sandbox-rt mcp")], indirect=True)
 def test_root_on_request_reaches_create_and_run_command(srv: SandboxMcp, mgr: FakeManager) -> None:
     async def main() -> None:
         async with session(srv) as call:

@@ -23,6 +23,7 @@ EXPECTED = {
     "Manager",
     "OutputChunk",
     "PermissionDenied",
+    "PolicyDenied",
     "ProcessNotFound",
     "ResourceUsage",
     "Sandbox",

@@ -126,6 +126,7 @@ def create_sandbox(
     body: Annotated[CreateSandboxBody, Depends(json_body(CreateSandboxBody, "create"))],
 ) -> JSONResponse:
     plan = plan_create(body, rt.templates())
+    ctx.policy.check_create(plan.kwargs)  # the dialect asks neither root nor caps; checked all the same
     if plan.new_volumes:
         if not isinstance(rt, VolumeRuntime):
             raise HttpError(501, "not_implemented", "this server's runtime has no volumes")
