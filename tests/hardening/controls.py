@@ -293,6 +293,14 @@ CONTROLS: tuple[Control, ...] = (
        "its own (lxcfs, bound in without hooks; cpus pinned to ceil(cpus) cores)",
        (), _LXC_CONF + " (lxc.mount.entry lxcfs)", "roles/lxc_host/tasks/lxcfs.yml",
        "sandbox_rt/backends/lxc/hostcaps.py (pick_cpus)"),
+    _c("SBX-RES-13", "root inside cannot leave its limits through the cgroup tree",
+       "in a root=True sandbox, root over the runtime's SSH makes a child cgroup and moves itself into it "
+       "(blkio, cpu, memory, pids); from that shell O_DIRECT writes stay within disk_mbps and disk_iops, "
+       "1 GiB is OOM-killed within memory_mb, a fork storm stops below pids_max, two busy loops stay within "
+       "cpus; every cgroup hierarchy root sees is mounted read-only and each move is refused (cgroup v1's "
+       "blkio throttle binds no child group: a writable tree let root write at 441 MB/s against 100)",
+       (), _LXC_CONF + " (mount.auto cgroup:ro)", _LXC_CGROUPS + " (CGROUP_MOUNT: every clone)",
+       _PVE_RAW + " (lxc.mount.auto)"),
     # -- escape -----------------------------------------------------------------------------------
     _c("SBX-ESC-01", "unprivileged container, ids of its own",
        "idmap 0 -> a 65536-id host range at or above 100000 in the config, PID 1 runs as its first "
@@ -339,7 +347,7 @@ CONTROLS: tuple[Control, ...] = (
     _c("SBX-ESC-12", "no nesting",
        "no nesting include, no rw proc/sys/cgroup mounts; container root cannot change its own "
        "cgroup limits or mount proc",
-       ("7.ct.nesting",), _LXC_CONF + " (mount.auto cgroup:mixed)"),
+       ("7.ct.nesting",), _LXC_CONF + " (mount.auto cgroup:ro)"),
     _c("SBX-ESC-13", "AppArmor profile lxc-container-default-cgns",
        "where AppArmor is enabled: PID 1 is confined by it (waived where the kernel has no AppArmor)",
        ("7.sec.apparmor",), _LXC_CONF + " (lxc.apparmor.profile)", "roles/template_build/tasks/config.yml"),

@@ -26,6 +26,7 @@ from sandbox_rt.backends.lxc.nft import NftInternetSet
 from sandbox_rt.ipam import mac_for_ip
 from tests.integration.provision_helpers import sh, tcp_open, wait_for
 
+from . import cgroup_checks as cc
 from . import checks, sites
 from . import neighbour_checks as nc
 from .checks import Target, Violation
@@ -81,6 +82,9 @@ PROVES = {
     "test_proof_unbudgeted_pids_are_caught": "SBX-RES-11",
     "test_proof_host_limits_without_lxcfs_are_caught": "SBX-RES-12",
     "test_proof_unbound_port_is_caught": "SBX-NET-19",
+    # root leaving its limits (issue 35): the cgroup tree mounted as before (cgroup:mixed)
+    "test_proof_writable_cgroup_tree_is_caught": "SBX-RES-13",
+    "test_proof_pve_ct_with_a_writable_cgroup_tree_is_caught": "SBX-RES-13",
 }
 
 
@@ -437,6 +441,21 @@ def test_proof_unbound_port_is_caught(make: Factory, make_with_net_caps: Factory
     nc.check_port_bound(attacker, victim)
 
 
+def test_proof_writable_cgroup_tree_is_caught(
+    settings: Settings, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The template's cgroup:mixed and no per-clone cgroup:ro (the config before issue 35): root moves
+    into a blkio group of its own and writes past the disk caps; the tree is read-write."""
+    monkeypatch.setattr(lxc_backend, "CGROUP_MOUNT", "lxc.mount.auto = cgroup:mixed")
+    with (
+        template_variant(settings, {"lxc.mount.auto": "cgroup:mixed proc:mixed sys:mixed"}) as variant,
+        _factory(Manager(variant), settings, workdir) as make_old,
+    ):
+        t = cc.root_target(make_old(root=True, **cc.Caps().create_kwargs()), workdir)
+        expect_violation("SBX-RES-13", cc.check_caps_hold, t, cc.Caps(), match="O_DIRECT writes at")
+        expect_violation("SBX-RES-13", cc.check_cgroup_tree_read_only, t, match="mounted read-write")
+
+
 # -- PVE-backed sandboxes: the raw keys are what confines them ----------------------------------------
 def _selected_node_site(request: pytest.FixtureRequest) -> sites.Site:
     """The emulated node's site for the PVE proofs. A run that selects the lxc site only
@@ -459,6 +478,19 @@ def pve_unconfined(request: pytest.FixtureRequest, workdir: Path) -> Iterator[Ta
         variant_site = dataclasses.replace(site, settings=variant)
         with _factory(Manager(variant), variant, workdir, variant_site) as make_unconfined:
             yield make_unconfined()
+
+
+def test_proof_pve_ct_with_a_writable_cgroup_tree_is_caught(
+    request: pytest.FixtureRequest, workdir: Path
+) -> None:
+    """The template CT without its raw lxc.mount.auto: common.conf's cgroup:mixed (pve-container's own)."""
+    site = _selected_node_site(request)
+    with pve_template_variant(site, drop={"lxc.mount.auto"}) as variant:
+        variant_site = dataclasses.replace(site, settings=variant)
+        with _factory(Manager(variant), variant, workdir, variant_site) as make_old:
+            t = cc.root_target(make_old(root=True, **cc.Caps().create_kwargs()), workdir)
+            expect_violation("SBX-RES-13", cc.check_caps_hold, t, cc.Caps(), match="O_DIRECT writes at")
+            expect_violation("SBX-RES-13", cc.check_cgroup_tree_read_only, t, match="mounted read-write")
 
 
 def test_proof_pve_ct_without_raw_keys_runs_pves_seccomp(pve_unconfined: Target) -> None:

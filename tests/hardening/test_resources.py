@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from . import cgroup_checks as cc
 from . import checks
 from .checks import Target
 from .conftest import Factory
@@ -42,3 +45,11 @@ def test_SBX_RES_05_disk_fill(
         assert waiver.condition == "overlay_disk_unbounded", evidence
         return
     checks.check_disk_bounded(t, disk_gb=1)
+
+
+def test_SBX_RES_13_root_cannot_leave_its_cgroup(site_make: Factory, workdir: Path) -> None:
+    caps = cc.Caps()
+    t = cc.root_target(site_make(root=True, **caps.create_kwargs()), workdir)
+    for controller, seen in cc.check_caps_hold(t, caps).items():
+        print(f"root's move in {controller}: {seen}")
+    cc.check_cgroup_tree_read_only(t)

@@ -71,13 +71,24 @@ def without_caps(settings: Settings, keep: tuple[str, ...]) -> dict[str, str]:
     return {"lxc.cap.drop": " ".join(kept)}
 
 
+def _removed(line: str, keep: Collection[str], drop: Collection[str] | None) -> bool:
+    """Whether a line of a PVE CT's config is a raw ``lxc.*`` line :func:`pve_template_variant` takes out."""
+    if not line.startswith("lxc."):
+        return False
+    key = line.split(":", 1)[0].strip()
+    return key in drop if drop is not None else key not in keep
+
+
 @contextlib.contextmanager
-def pve_template_variant(site: Site, keep: Collection[str] = ()) -> Iterator[Settings]:
+def pve_template_variant(
+    site: Site, keep: Collection[str] = (), drop: Collection[str] | None = None
+) -> Iterator[Settings]:
     """Settings of ``site`` (a PVE one) whose template is a throw-away linked clone of the real
     template, whose raw ``lxc.*`` lines root removed from its ``/etc/pve/lxc/<vmid>.conf`` on the node
-    (all but the keys in ``keep``), converted to a template the runtime's token may clone (the same
-    clone-only ACL as the real one). The real template is never touched; the variant and its ACL go
-    when the ``with`` block ends (its clones must be gone by then: the factories destroy them first)."""
+    (all but the keys in ``keep``; with ``drop``: only those keys), converted to a template the
+    runtime's token may clone (the same clone-only ACL as the real one). The real template is never
+    touched; the variant and its ACL go when the ``with`` block ends (its clones must be gone by then:
+    the factories destroy them first)."""
     from proxmoxer.tools import Tasks
 
     admin: Any = site.admin_api
@@ -98,7 +109,7 @@ def pve_template_variant(site: Site, keep: Collection[str] = ()) -> Iterator[Set
     try:
         conf = site.path(f"/etc/pve/lxc/{vmid}.conf")
         lines = conf.read_text().splitlines()
-        kept = [ln for ln in lines if not ln.startswith("lxc.") or ln.split(":", 1)[0].strip() in keep]
+        kept = [ln for ln in lines if not _removed(ln, keep, drop)]
         assert len(kept) < len(lines), f"precondition: the clone carries the template's raw lines ({conf})"
         tmp = conf.with_name(f".{conf.name}.variant")
         tmp.write_text("\n".join(kept) + "\n")

@@ -289,7 +289,14 @@ def test_the_node_reboots_with_its_network(node: PVENode, manager: Manager, wan:
 # --- the kernel confinement of PVE-backed sandboxes: raw lxc.* keys root wrote on the template ------------
 # (The whole SBX catalogue runs on PVE-backed sandboxes of this node too: tests/hardening, site pve-node.)
 
-CONFINING_KEYS = {"lxc.init.cmd", "lxc.seccomp.profile", "lxc.cap.drop", "lxc.hook.mount", "lxc.mount.entry"}
+CONFINING_KEYS = {
+    "lxc.init.cmd",
+    "lxc.seccomp.profile",
+    "lxc.cap.drop",
+    "lxc.hook.mount",
+    "lxc.mount.auto",
+    "lxc.mount.entry",
+}
 
 
 def _wait_task(root: Any, upid: str) -> None:

@@ -20,6 +20,7 @@ OURS = [
     ["lxc.seccomp.profile", "/etc/sandbox_rt/lxc/sandbox.seccomp"],
     ["lxc.cap.drop", "sys_admin net_admin net_raw"],
     ["lxc.hook.mount", "/usr/local/libexec/sandbox_rt/pve-ct-setup"],
+    ["lxc.mount.auto", "cgroup:ro"],
     ["lxc.mount.entry", "tmpfs dev/shm tmpfs rw,nosuid,nodev,noexec,create=dir,mode=1777,size=64m 0 0"],
     ["lxc.cgroup2.pids.max", "2048"],
 ]

@@ -38,7 +38,7 @@ from ..owner import owner_alive, process_start_time
 from ..records import ROOT_ENV, new_record, updated_record
 from .background import Background
 from .btrfs import create_subvolume, set_size_limit
-from .cgroups import CGROUP_ROOT, Cgroups
+from .cgroups import CGROUP_MOUNT, CGROUP_ROOT, Cgroups
 from .container import (
     RECORD_FILE,
     config_lines,
@@ -293,6 +293,7 @@ class LxcBackend:
                 f"lxc.net.0.hwaddr = {mac_for_ip(ip)}",
                 f"lxc.net.0.veth.pair = sbx{sandbox_id[4:]}",
                 *limits,
+                CGROUP_MOUNT,
                 # root on request; otherwise PID 1 starts as the sandbox user (userinit.py)
                 *([f"lxc.environment = {ROOT_ENV}"] if spec.root else init_lines(user, login_limits)),
                 *mount_entries(cdir, spec.volumes),

@@ -12,10 +12,22 @@ from pathlib import Path
 from ...errors import BackendError
 from ...models import ResourceUsage, SandboxSpec
 
-__all__ = ["CGROUP_ROOT", "CPU_PERIOD_US", "Cgroups", "cgroup_limit_lines", "cgroup_limits", "cgroup_v1"]
+__all__ = [
+    "CGROUP_MOUNT",
+    "CGROUP_ROOT",
+    "CPU_PERIOD_US",
+    "Cgroups",
+    "cgroup_limit_lines",
+    "cgroup_limits",
+    "cgroup_v1",
+]
 
 CPU_PERIOD_US = 100_000
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# Every clone's cgroup mount, after the template's lxc.mount.auto (LXC replaces its cgroup part, keeps
+# proc/sys): read-only, so root inside cannot make a child group and move into it (cgroup v1's blkio
+# throttle binds no child: SBX-RES-13). Also for templates built before the template said so.
+CGROUP_MOUNT = "lxc.mount.auto = cgroup:ro"
 
 
 def cgroup_v1() -> bool:
