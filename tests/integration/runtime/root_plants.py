@@ -76,6 +76,15 @@ int main(int argc, char **argv) {
 """.replace("LOGPATH", LOG)
 
 
+def _wrapped(program: str, vector: str) -> list[str]:
+    """Steps that put a wrapper in ``program``'s place: it marks, then runs the real one."""
+    wrapper = f'#!/bin/dash\n{PLANT}/mark {vector}\nexec {program}.real "$@"\n'
+    return [
+        f"mv {program} {program}.real",
+        f"printf %s {shlex.quote(wrapper)} > {program} && chmod 0755 {program}",
+    ]
+
+
 def plant_script(vectors: tuple[str, ...]) -> str:
     """The root shell script that plants ``vectors`` (it stops at the first failure)."""
     cc = f"gcc -O1 -o {PLANT}"
@@ -106,9 +115,7 @@ def plant_script(vectors: tuple[str, ...]) -> str:
         steps.append(f"{lib} -DTAG='\"ld-preload\"' -o {PLANT}/libpreload.so")
         steps.append(f"echo {PLANT}/libpreload.so >> /etc/ld.so.preload")
     if "sshd" in vectors:
-        wrapper = f'#!/bin/dash\n{PLANT}/mark sshd\nexec /usr/sbin/sshd.real "$@"\n'
-        steps.append("mv /usr/sbin/sshd /usr/sbin/sshd.real")
-        steps.append(f"printf %s {shlex.quote(wrapper)} > /usr/sbin/sshd && chmod 0755 /usr/sbin/sshd")
+        steps += _wrapped("/usr/sbin/sshd", "sshd")
     if "sh" in vectors:
         steps.append(f"{cc}/sh -DTAG='\"sh\"' -DEXEC_DASH {PLANT}/mark.c")
         steps.append(f"cp {PLANT}/sh /bin/sh.sbx-plant && mv -f /bin/sh.sbx-plant /bin/sh")
@@ -117,9 +124,7 @@ def plant_script(vectors: tuple[str, ...]) -> str:
         unit = f"[Service]\nExecStart={PLANT}/mark unit\n[Install]\nWantedBy=multi-user.target\n"
         steps.append(f"printf %s {shlex.quote(unit)} > /etc/systemd/system/sbx-plant.service")
     if "init" in vectors:
-        init = f"#!/bin/dash\n{PLANT}/mark init\nexec /sbin/sandbox-init.real\n"
-        steps.append("mv /sbin/sandbox-init /sbin/sandbox-init.real")
-        steps.append(f"printf %s {shlex.quote(init)} > /sbin/sandbox-init && chmod 0755 /sbin/sandbox-init")
+        steps += _wrapped("/sbin/sandbox-init", "init")
     if "sshd-config" in vectors:
         # runs as root before the key check of every login (and as the user it names otherwise)
         steps.append(f"sed -i '1i AuthorizedKeysCommand {PLANT}/mark sshd-config' /etc/ssh/sshd_config")

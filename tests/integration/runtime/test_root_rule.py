@@ -103,6 +103,18 @@ def _assert_nothing_ran_as_root(manager: Manager, sb: sandbox_rt.Sandbox, vector
     assert {"nss", "ld-preload"} & set(vectors) <= ran, ran
 
 
+def _assert_the_rule(manager: Manager, vectors: tuple[str, ...], **source: str) -> None:
+    """A sandbox of ``source`` (template= or from_snapshot=) without root runs none of the plants as
+    root; one with root does run them (they are live)."""
+    sb = manager.create(labels=LABELS, memory_mb=512, **source)  # type: ignore[arg-type]
+    try:
+        _assert_nothing_ran_as_root(manager, sb, vectors)
+    finally:
+        sb.destroy()
+    with manager.create(root=True, labels=LABELS, memory_mb=512, **source) as rooted:  # type: ignore[arg-type]
+        _assert_root_would_run_them(rooted)
+
+
 def _assert_root_would_run_them(sb: sandbox_rt.Sandbox) -> None:
     """The same plants in a sandbox made with root: root runs them (the plants work)."""
     sb.exec("id -u", user="root")  # a root login: sshd, PAM and NSS as root
@@ -125,13 +137,7 @@ def planted_template(manager: Manager) -> str:
 
 
 def test_a_template_step_cannot_plant_code_that_runs_as_root(manager: Manager, planted_template: str) -> None:
-    sb = manager.create(template=planted_template, labels=LABELS, memory_mb=512)
-    try:
-        _assert_nothing_ran_as_root(manager, sb, BUILD_VECTORS)
-    finally:
-        sb.destroy()
-    with manager.create(template=planted_template, root=True, labels=LABELS, memory_mb=512) as rooted:
-        _assert_root_would_run_them(rooted)
+    _assert_the_rule(manager, BUILD_VECTORS, template=planted_template)
 
 
 # -- through a root sandbox's snapshot --------------------------------------------------------------
@@ -149,13 +155,7 @@ def planted_snapshot(manager: Manager) -> Iterator[str]:
 def test_a_fork_without_root_runs_nothing_a_root_sandbox_planted(
     manager: Manager, planted_snapshot: str
 ) -> None:
-    sb = manager.create(from_snapshot=planted_snapshot, labels=LABELS, memory_mb=512)
-    try:
-        _assert_nothing_ran_as_root(manager, sb, ALL_VECTORS)
-    finally:
-        sb.destroy()
-    with manager.create(from_snapshot=planted_snapshot, root=True, labels=LABELS, memory_mb=512) as rooted:
-        _assert_root_would_run_them(rooted)
+    _assert_the_rule(manager, ALL_VECTORS, from_snapshot=planted_snapshot)
 
 
 # -- Proxmox VE: init and sshd still start as root there, so root-tainted sources are refused -------
