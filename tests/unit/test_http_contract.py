@@ -66,6 +66,7 @@ from sandbox_rt.validation import (
     check_timeout,
     check_user,
     make_spec,
+    respec,
 )
 from sandbox_rt.volumes import VolumeStore
 from sandbox_rt.volumes.store import open_host_source
@@ -369,9 +370,7 @@ class ContractSandbox(FakeSandbox):
         return entries
 
     def extend(self, ttl_s: int) -> None:
-        self.mgr.specs[self.id] = make_spec(
-            **{**dataclasses.asdict(self.spec), "ttl_s": ttl_s}, host_cpus=HOST_CPUS
-        )
+        self.mgr.specs[self.id] = respec(self.spec, ttl_s=ttl_s, host_cpus=HOST_CPUS)
 
     def status(self) -> SandboxStatus:
         s = self.spec
