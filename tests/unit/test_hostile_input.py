@@ -25,6 +25,7 @@ from sandbox_rt.models import OutputChunk
 from sandbox_rt.ssh import SSHExecutor
 from sandbox_rt.ssh.files import check_entry_name, read_script
 from sandbox_rt.ssh.markers import Demux, Markers
+from sandbox_rt.ssh.mounts import MOUNTS_MAX, mount_of, parse_mountinfo
 from sandbox_rt.ssh.wire import STATUS_TEXT_MAX
 
 
@@ -538,3 +539,24 @@ def test_a_count_past_the_bytes_is_refused() -> None:
     assert not _counts_fit(CMD_ATTRS, attrs.asbytes())
     attrs.add_string("k")
     assert not _counts_fit(CMD_ATTRS, attrs.asbytes())  # a key without its value
+
+
+def test_the_mount_table_is_parsed_strictly() -> None:
+    text = (
+        "22 1 0:1 / / rw,relatime - overlay overlay rw\n"
+        "23 22 0:2 / /mnt/a\\040b rw - ext4 /dev/x ro,errors=remount-ro\n"  # read-only by its super block
+        "24 22 0:3 / /sys ro,nosuid - sysfs sysfs rw\n"
+        "garbage without fields\n"
+        "25 22 0:4 / relative rw - ext4 /dev/y rw\n"
+        "26 22 0:5 / /mnt/a\\040b/c rw - tmpfs t rw\n"
+    )
+    mounts = parse_mountinfo(text)
+    assert [(m.point, m.read_only) for m in mounts] == [
+        ("/", False),
+        ("/mnt/a b", True),
+        ("/sys", True),
+        ("/mnt/a b/c", False),
+    ]
+    assert mount_of(mounts, "/mnt/a b/x") == mounts[1] and mount_of(mounts, "/mnt/a b/c/d") == mounts[3]
+    assert mount_of(mounts, "/mnt/a bc") == mounts[0]
+    assert len(parse_mountinfo("1 1 0:1 / /x rw - t t rw\n" * (MOUNTS_MAX + 5))) == MOUNTS_MAX
