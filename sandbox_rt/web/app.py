@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
 from .. import __version__
+from ..caps import pid_budget, read_pid_max
 from ..config import Settings
 from ..errors import ConnectionLost, SandboxError, SandboxNotFound
 from ..limits import HTTP_LIMITS, HttpLimits
@@ -97,7 +98,18 @@ def served_document(manager: ManagerLike) -> dict[str, Any]:
     create["template"]["enum"] = [*manager.templates(), None]
     create["cpus"]["maximum"] = os.cpu_count() or 1
     create["node"]["enum"] = [*_nodes(manager), None]
+    create["pids_max"]["maximum"] = _pids_max(manager, create["pids_max"]["maximum"])
     return doc
+
+
+def _pids_max(manager: ManagerLike, schema_max: int) -> int:
+    """The largest ``pids_max`` this host gives one sandbox: the LXC backend refuses more than its
+    pids budget (kernel.pid_max less its reserve) with a 400. A Proxmox VE node's ceiling is the
+    node's: the schema's bound stays (its 400 is documented on create)."""
+    settings = getattr(manager, "settings", None)
+    if not isinstance(settings, Settings) or settings.backend != "lxc":
+        return schema_max
+    return min(schema_max, pid_budget(read_pid_max()))
 
 
 def _nodes(manager: ManagerLike) -> list[str]:

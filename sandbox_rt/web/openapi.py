@@ -8,7 +8,7 @@ Patterns end with ``$(?!\\n)`` (see :func:`.kinds.exact`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi.openapi.utils import get_openapi
@@ -71,12 +71,16 @@ ERROR_TEXT = {
 }
 
 
-def errors(*codes: str, public: bool = False) -> dict[int | str, dict[str, Any]]:
-    """The error answers of a route: ``codes`` and the transport's (401 unless ``public``)."""
+def errors(
+    *codes: str, public: bool = False, notes: Mapping[str, str] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """The error answers of a route: ``codes`` and the transport's (401 unless ``public``);
+    ``notes``: what the route adds to a status's shared description (then its own)."""
     every = {*codes, *TRANSPORT_ERRORS, "500"} | (set() if public else {"401"})
     out: dict[int | str, dict[str, Any]] = {}
     for code in sorted(every):
-        entry: dict[str, Any] = {"model": Error, "description": ERROR_TEXT[code]}
+        text = ERROR_TEXT[code] + (f" {notes[code]}" if notes and code in notes else "")
+        entry: dict[str, Any] = {"model": Error, "description": text}
         if code == "503":
             entry["headers"] = {
                 "Retry-After": {

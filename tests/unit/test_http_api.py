@@ -42,6 +42,7 @@ from sandbox_rt import (
     SandboxRecord,
     SandboxSpec,
     SandboxStatus,
+    Settings,
 )
 from sandbox_rt.http_api import ApiServer, load_token, serve
 from sandbox_rt.http_openapi import openapi_document
@@ -582,6 +583,22 @@ def test_the_served_document_knows_the_hosts_templates_and_cores(
     assert served["properties"]["cpus"]["maximum"] == (os.cpu_count() or 1)
     generic = openapi_document()["components"]["schemas"]["CreateSandboxRequest"]
     assert "enum" not in generic["properties"]["template"] and "maximum" not in generic["properties"]["cpus"]
+
+
+def test_the_served_pids_max_is_the_lxc_hosts_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35 (found by fuzzing): above an LXC host's pids budget a create is a 400, so the served
+    maximum is that budget (a Proxmox VE node's ceiling is the node's: the schema's bound stays, and
+    the create's 400 says so)."""
+    from sandbox_rt.web import app
+
+    monkeypatch.setattr(app, "read_pid_max", lambda: 32768)
+    lxc, unknown = FakeManager(), FakeManager()  # a runtime without settings: the schema's bound
+    lxc.settings = Settings(backend="lxc")  # type: ignore[attr-defined]
+    for mgr, want in ((lxc, 32768 - 32768 // 8), (unknown, 1 << 22)):
+        served = app.served_document(mgr)["components"]["schemas"]["CreateSandboxRequest"]
+        assert served["properties"]["pids_max"]["maximum"] == want
+    create = openapi_document()["paths"]["/v1/sandboxes"]["post"]["responses"]
+    assert "pids budget" in create["409"]["description"] and "pids_max" in create["400"]["description"]
 
 
 def test_create_is_all_or_nothing_when_status_fails(
