@@ -32,7 +32,7 @@ from .bodies import describe_errors
 from .errors import HttpError, error_for
 from .gate import Gate
 from .native import PUBLIC_PATHS
-from .openapi import build_document, size_text
+from .openapi import NATIVE_LINKS, build_document, size_text
 from .params import Context
 from .runtime import ManagerLike, SandboxCache
 
@@ -82,6 +82,7 @@ def openapi_document_cached() -> dict[str, Any]:
         description=_description(HTTP_LIMITS),
         public=PUBLIC_PATHS,
         extra_models=_REQUEST_MODELS,
+        links=NATIVE_LINKS,
     )
 
 
