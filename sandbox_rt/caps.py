@@ -23,6 +23,10 @@ could raise them would take the others' share. So is the pids budget: the sum of
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from .errors import BackendError
+
 __all__ = [
     "DEFAULT_DISK_IOPS",
     "DEFAULT_DISK_MBPS",
@@ -33,6 +37,7 @@ __all__ = [
     "PID_RESERVE_FRACTION",
     "net_bytes_per_s",
     "pid_budget",
+    "read_pid_max",
 ]
 
 # Measured on the build host (docs/benchmarks.md, group neighbours): with these, a neighbour's
@@ -57,3 +62,11 @@ def net_bytes_per_s(mbps: int) -> int:
 def pid_budget(pid_max: int) -> int:
     """How many pids the sandboxes' ``pids_max`` may add up to on a host with ``pid_max``."""
     return pid_max - pid_max // PID_RESERVE_FRACTION
+
+
+def read_pid_max(path: Path = Path("/proc/sys/kernel/pid_max")) -> int:
+    """This host's ``kernel.pid_max`` (the LXC backend's budget; the HTTP API's bound on pids_max)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError) as exc:
+        raise BackendError(f"cannot read the host's pid_max ({path}): {exc}", step="limits") from exc

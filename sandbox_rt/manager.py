@@ -41,7 +41,7 @@ from .pool import POOL_LABEL, WarmPool
 from .process_limits import raise_open_files_limit
 from .sandbox import Sandbox
 from .ssh import SSHExecutor, load_private_key, parse_public_key
-from .validation import check_node_name, check_sandbox_id, check_snapshot_name, make_spec
+from .validation import check_node_name, check_sandbox_id, check_snapshot_name, make_spec, respec
 from .volumes import VolumeStore
 from .volumes.store import open_host_source
 
@@ -449,8 +449,7 @@ class Manager:
         if "ttl_s" not in changes:  # the backend counts the expiry from now: keep the current one
             left = None if record.expires_at is None else math.ceil(record.expires_at - time.time())
             changes["ttl_s"] = None if left is None else max(1, left)
-        spec = make_spec(**{**dataclasses.asdict(record.spec), **changes})
-        return self.backend.update(record, spec)
+        return self.backend.update(record, respec(record.spec, **changes))
 
     def destroy(self, sandbox_id: str) -> None:
         """Destroy a sandbox by id; SandboxNotFound if there is none."""

@@ -33,13 +33,14 @@ from .validation import (
     check_snapshot_name,
     check_timeout,
     check_user,
-    make_spec,
+    respec,
 )
 
 if TYPE_CHECKING:
     from .backends.base import Backend
 
 __all__ = ["ExecStream", "Sandbox"]
+
 
 class Sandbox:
     """A sandbox the caller holds. Use it as a context manager: leaving the block destroys it."""
@@ -393,8 +394,7 @@ class Sandbox:
         self._check_alive()
         # the record as it is now: another process (or the API's other dialect) may have changed it
         record = self._backend.get(self.id)
-        spec = make_spec(**{**dataclasses.asdict(record.spec), "ttl_s": ttl_s})
-        self.record = self._backend.update(record, spec)
+        self.record = self._backend.update(record, respec(record.spec, ttl_s=ttl_s))
 
     def is_connected(self) -> bool:
         return not self._destroyed and self._ssh.is_connected()

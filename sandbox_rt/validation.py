@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import re
@@ -42,6 +43,7 @@ __all__ = [
     "check_timeout",
     "egress_entry",
     "make_spec",
+    "respec",
     "split_egress",
 ]
 
@@ -166,6 +168,14 @@ def make_spec(
         volumes=check_mounts(volumes),
         **caps,
     )
+
+
+def respec(spec: SandboxSpec, **changes: Any) -> SandboxSpec:
+    """``spec`` with ``changes`` (``make_spec``'s arguments), checked again as a create's arguments
+    are. Its fields are taken as they are, one level deep: ``dataclasses.asdict`` would also turn its
+    VolumeMounts into dicts, which ``make_spec`` refuses (an extend of a sandbox with volumes did)."""
+    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    return make_spec(**{**fields, **changes})
 
 
 def check_egress(entries: Sequence[str] | None) -> tuple[str, ...]:

@@ -8,7 +8,9 @@ What "keeps the contract" means here, check by check:
 
 - a request the document allows is accepted (2xx) or answered with a documented 4xx for a state
   conflict (403/404/409/413: no such sandbox, file or snapshot, a name taken, a file too large), or a
-  documented state answer of the runtime (504: the command ran past its timeout; 507: disk full);
+  documented state answer of the runtime (504: the command ran past its timeout; 507: disk full), or a
+  400 file_name_too_long for a path with a name over 255 bytes (JSON Schema's lengths count characters,
+  Linux's bytes: no schema can say it);
 - a request the document forbids is a 4xx, never a 2xx, never a 5xx;
 - every status code answered is documented for its operation, with the documented media type, headers
   and body schema (Schemathesis: status_code_conformance, content_type_conformance,
@@ -19,6 +21,15 @@ What "keeps the contract" means here, check by check:
   with JSON data matching ExecOutputEvent/ExecExitEvent/ExecErrorEvent, the terminal event (exit or
   error) comes once and last, and an error event's status is documented (checked here: Schemathesis
   validates each event only against the media type's own schema).
+
+Stateful (issue 35, tests/http_stateful.py): the document's links (a create's answer to every route of
+the sandbox it made, a started background command's to its process routes) make a state machine; runs
+scenarios of linked calls, each answer held to the same checks and none a success on a sandbox the
+scenario destroyed, and reports which operations it reached through a link. (Not Schemathesis' own
+use_after_free and ensure_resource_availability: they take a route's path for its resource, but a 404
+on a sandbox's routes may name a file or a process, and a DELETE of .../files removes a file, not the
+routes below it.)
+Without links the fuzzer never reached a process route with a pid that exists.
 
 Offline: Schemathesis 4.x sends no telemetry and uploads no report (its source has no such code; the
 pytest run writes no report unless asked); the document has no remote ``$ref`` or ``externalValue``, so
@@ -53,9 +64,11 @@ __all__ = [
     "CHECKS",
     "Steering",
     "call_and_check",
+    "check_answer",
     "examples_per_operation",
     "load_published_schema",
     "sse_events",
+    "whole_number",
 ]
 
 EXAMPLES_ENV = "SANDBOX_RT_FUZZ_EXAMPLES"  # examples per operation (the fuzzing phase); default: quick
@@ -68,13 +81,39 @@ NEGATIVE_STATUSES = ["4xx"]
 # never a server error, except the documented state answers a valid request can get
 NOT_A_SERVER_ERROR = ["2xx", "3xx", "4xx", "504", "507"]
 
+_NAME_MAX, _PATH_MAX = 255, 4095  # bytes of one name and of a whole path Linux takes
+
+
+def _name_too_long(response: Any, case: Case[Any]) -> bool:
+    """A 400 file_name_too_long for a request with a path Linux refuses: over 255 bytes in a name or 4095
+    in all, in UTF-8. JSON Schema counts characters, so no schema can rule such a path out."""
+    try:
+        code = response.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    given = [*(case.query or {}).values(), *(case.body.values() if isinstance(case.body, dict) else ())]
+    for path in (p for p in given if isinstance(p, str)):
+        raw = path.encode("utf-8", "surrogatepass")
+        if len(raw) > _PATH_MAX or any(len(name) > _NAME_MAX for name in raw.split(b"/")):
+            return bool(code == "file_name_too_long")
+    return False
+
+
+def positive_data_acceptance(ctx: Any, response: Any, case: Case[Any]) -> bool | None:
+    """Schemathesis' check, but a name too long in bytes (see :func:`_name_too_long`) is the request's
+    documented 400."""
+    if response.status_code == 400 and _name_too_long(response, case):
+        return None
+    return schemathesis.checks.positive_data_acceptance(ctx, response, case)
+
+
 CHECKS = [
     schemathesis.checks.not_a_server_error,
     schemathesis.checks.status_code_conformance,
     schemathesis.checks.content_type_conformance,
     schemathesis.checks.response_headers_conformance,
     schemathesis.checks.response_schema_conformance,
-    schemathesis.checks.positive_data_acceptance,
+    positive_data_acceptance,
     schemathesis.checks.negative_data_rejection,
     schemathesis.checks.unsupported_method,
     schemathesis.checks.ignored_auth,
@@ -102,14 +141,19 @@ def _pytest_compat() -> None:
 _pytest_compat()
 
 
-def examples_per_operation(default: int) -> int:
-    """``$SANDBOX_RT_FUZZ_EXAMPLES`` (a bigger run, e.g. nightly) or ``default`` (the quick one)."""
-    raw = os.environ.get(EXAMPLES_ENV, "").strip()
+def whole_number(env: str, default: int) -> int:
+    """``$env`` as a whole number >= 1, or ``default`` when it is not set."""
+    raw = os.environ.get(env, "").strip()
     if not raw:
         return default
     if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{EXAMPLES_ENV}={raw!r} must be a whole number >= 1")
+        raise ValueError(f"{env}={raw!r} must be a whole number >= 1")
     return int(raw)
+
+
+def examples_per_operation(default: int) -> int:
+    """``$SANDBOX_RT_FUZZ_EXAMPLES`` (a bigger run, e.g. nightly) or ``default`` (the quick one)."""
+    return whole_number(EXAMPLES_ENV, default)
 
 
 # -- steering: requests that name a sandbox, snapshot or file often name one that exists ---------------------
@@ -272,9 +316,11 @@ def load_published_schema(
     coverage: bool = True,
     shrink: bool = True,
     request_timeout: float = 30.0,
+    stateful: bool = False,
 ) -> BaseSchema:
     """The document the server at ``base_url`` publishes at /openapi.json (fetched over HTTP, without the
-    token: it is public), configured for the contract run against that same server."""
+    token: it is public), configured for the contract run against that same server. ``stateful``: for
+    :func:`run_stateful`, with the document's own links only (Schemathesis infers none)."""
     config: dict[str, Any] = {
         "base-url": base_url,
         # the document's own security scheme (bearerAuth) carries the token: public routes go without it
@@ -289,7 +335,12 @@ def load_published_schema(
             "examples": {"enabled": True},
             "coverage": {"enabled": coverage},
             "fuzzing": {"enabled": True},
-            "stateful": {"enabled": False},
+            # chains of valid calls (invalid ones are the other phases' part), along the document's links
+            "stateful": {
+                "enabled": stateful,
+                "generation": {"mode": "positive"},
+                "inference": {"algorithms": []},
+            },
         },
         "checks": {
             "not_a_server_error": {"expected-statuses": NOT_A_SERVER_ERROR},
@@ -405,14 +456,19 @@ def check_media_type(case: Case[Any], status: int, sent_content_type: str | None
     )
 
 
-def call_and_check(case: Case[Any], *, timeout: float = 30.0) -> Any:
-    """Send ``case`` to the server (a connection of its own: what is checked is the answer, not the reuse of
-    a connection, which tests/unit/test_http_api.py covers) and hold its answer to the document; the answer
-    (Schemathesis' Response)."""
-    response = case.call(timeout=timeout)
+def check_answer(case: Case[Any], response: Any) -> None:
+    """Hold ``response`` (Schemathesis' Response to ``case``) to the document."""
     case.validate_response(response, checks=CHECKS)
     check_media_type(case, response.status_code, response.request.headers.get("Content-Type"))
     content_type = ",".join(response.headers.get("content-type", []))
     if response.status_code < 300 and content_type.lower().startswith("text/event-stream"):
         check_event_stream(case, response.status_code, response.content)
+
+
+def call_and_check(case: Case[Any], *, timeout: float = 30.0) -> Any:
+    """Send ``case`` to the server (a connection of its own: what is checked is the answer, not the reuse of
+    a connection, which tests/unit/test_http_api.py covers) and hold its answer to the document; the answer
+    (Schemathesis' Response)."""
+    response = case.call(timeout=timeout)
+    check_answer(case, response)
     return response

@@ -562,7 +562,7 @@ class SSHExecutor:
         """A symlink's target as the sandbox says it (bounded to 4 KiB; None if unreadable)."""
         with self._sftp_client("readlink", path) as sftp:
             target = sftp.readlink(path)
-        if target is None or len(target) > 4096 or "\x00" in target:
+        if not isinstance(target, str) or len(target) > 4096 or "\x00" in target:  # bytes: not UTF-8
             return None
         return target
 

@@ -16,8 +16,9 @@ Why an SFTP request failed (:func:`explain`): OpenSSH's sftp-server answers most
 generic FAILURE and EINVAL or ENAMETOOLONG with BAD_MESSAGE ("Bad message"); ENOTDIR becomes "no such
 file". When it does, the host looks at the entries involved (``lstat``, at most a first READDIR
 reply, ``realpath``; only after a failure, never on the way to a success) and names the cause:
-EISDIR, ENOTDIR, ENOTEMPTY, EEXIST, EINVAL, ENAMETOOLONG (that one from the path alone); EIO when
-nothing explains it. What the sandbox answers to those looks only picks among these errnos (the
+EISDIR, ENOTDIR, ENOTEMPTY, EEXIST, EINVAL, ENAMETOOLONG (that one from the path alone); then, for
+a FAILURE, the mounts the server sees (:mod:`.mounts`): EBUSY, EXDEV, EROFS; EIO when nothing
+explains it. What the sandbox answers to those looks only picks among these errnos (the
 messages are ours, the paths the caller's): a lying server can make the cause wrong, never the error
 untyped or unbounded.
 """
@@ -35,6 +36,7 @@ import paramiko
 
 from ..errors import FileOperationError
 from ..limits import FILE_IDLE_TIMEOUT_S, MAX_NAME_BYTES
+from .mounts import Mount, mount_of, mount_points
 
 __all__ = [
     "Looks",
@@ -47,6 +49,7 @@ __all__ = [
 ]
 
 _CHUNK = 1 << 20
+_SAID_MAX = 16 << 10  # bytes of the read script's stderr looked at
 _SIZE_LINE_MAX = 24  # "18446744073709551615\n" and change
 
 # Exit codes of the read script, and cat's (or the shell's) own errors, and what they mean.
@@ -65,7 +68,10 @@ _SAID_ERRORS = {
 
 
 def read_script(path: str) -> str:
-    """The shell text that sends ``path``'s size line, then its bytes (``path`` is quoted)."""
+    """The shell text that sends ``path``'s size line, then its bytes (``path`` is quoted);
+    FileOperationError(ENAMETOOLONG) for a path Linux refuses (bash would print it all back)."""
+    if name_too_long(path):
+        raise FileOperationError(errno.ENAMETOOLONG, "read: a name is too long", path)
     return (
         f'f={shlex.quote(path)}; if [ -d "$f" ]; then exit {_READ_EISDIR}; fi; '
         # a FIFO or socket would block the open: refuse by name first, then check what was opened
@@ -156,10 +162,10 @@ def _raise_exit(chan: paramiko.Channel, path: str) -> None:
     known = _READ_ERRORS.get(code)
     if known is not None:
         raise FileOperationError(known[0], f"read: {known[1]}", path)
-    err = b""
-    while chan.recv_stderr_ready() and len(err) < 4096:
+    err = b""  # bash's "line 1: PATH: REASON": room for a path of PATH_MAX bytes, the reason last
+    while chan.recv_stderr_ready() and len(err) < _SAID_MAX:
         err += chan.recv_stderr(4096)
-    said = (err[:4096].decode("utf-8", "replace").strip().splitlines() or [f"exited with {code}"])[-1]
+    said = (err[:_SAID_MAX].decode("utf-8", "replace").strip().splitlines() or [f"exited with {code}"])[-1]
     for text, (number, meaning) in _SAID_ERRORS.items():  # the script runs with LC_ALL=C
         if said.endswith(text):
             raise FileOperationError(number, f"read: {meaning}", path)
@@ -207,6 +213,8 @@ class Looks(Protocol):
 
     def has_entries(self, path: str) -> bool: ...
 
+    def mounts(self) -> list[Mount]: ...
+
 
 def name_too_long(*paths: str) -> bool:
     """Whether a path is longer than Linux takes or has a name longer than ``MAX_NAME_BYTES``."""
@@ -251,17 +259,30 @@ def _into_itself(sftp: Looks, src: str, dst: str) -> bool:
     symlinks lead (``src`` itself is not followed: a rename moves a link, not its target)."""
     if _under(dst, src):
         return True
+    parent, real = _real(sftp, posixpath.dirname(dst)), _real_entry(sftp, src)
+    return parent is not None and real is not None and _under(parent, real)
+
+
+def _real(sftp: Looks, path: str) -> str | None:
+    """Where ``path`` leads, its symlinks resolved (the sandbox's realpath); None if it will not say."""
     try:
-        parent = sftp.normalize(posixpath.dirname(dst))
-        real = posixpath.join(sftp.normalize(posixpath.dirname(src)), posixpath.basename(src))
+        real = sftp.normalize(path)
     except (OSError, EOFError, UnicodeError):
-        return False
-    return _under(parent, real)
+        return None
+    return real if isinstance(real, str) and real.startswith("/") else None  # bytes: not UTF-8
+
+
+def _real_entry(sftp: Looks, path: str) -> str | None:
+    """The entry ``path`` names, its parent's symlinks resolved (not its own: a link is an entry)."""
+    parent = _real(sftp, posixpath.dirname(path))
+    return None if parent is None else posixpath.join(parent, posixpath.basename(path))
 
 
 def _write_failed(sftp: Looks, path: str, exc: OSError) -> tuple[int, str] | None:
     if exc.errno is None and _kind(sftp, path, follow=True) == "dir":  # open follows symlinks
         return errno.EISDIR, "is a directory"
+    if exc.errno is None and path.endswith("/"):  # the kernel's answer to a creat of "name/"
+        return errno.EISDIR, "a path ending in '/' names a directory"
     if exc.errno == errno.ENOENT and _kind(sftp, posixpath.dirname(path), follow=True) == "other":
         return errno.ENOTDIR, "a parent is not a directory"
     return None
@@ -333,10 +354,35 @@ def explain(
         found = _rename_failed(sftp, path, dst or path, exc)
     else:
         found = _EXPLAIN[op](sftp, path, exc)
+    if found is None and exc.errno is None:
+        found = _refused_by_mounts(sftp, op, paths)
     if found is None:
         return None
     number, why = found
     return FileOperationError(number, f"{op}: {why}", path)  # like every rename error, named by src
+
+
+def _refused_by_mounts(sftp: Looks, op: Op, paths: tuple[str, ...]) -> tuple[int, str] | None:
+    """A FAILURE the entries do not explain, by the mounts involved: a mount point (or ``/``)
+    removed, moved or replaced (EBUSY), a rename from one mount to another (EXDEV), a change on a
+    read-only mount (EROFS)."""
+    try:
+        mounts = sftp.mounts()
+    except (OSError, EOFError, UnicodeError, ValueError):
+        return None
+    entries = [_real_entry(sftp, p) or p for p in paths]
+    points = mount_points(mounts) | {"/"}
+    if op in ("remove", "rmdir", "rename"):
+        for entry in entries:
+            if entry in points:
+                return errno.EBUSY, f"{entry} is a mount point"
+    holders = [mount_of(mounts, entry) for entry in entries]
+    if op == "rename" and holders[0] != holders[1]:
+        return errno.EXDEV, "src and dst are on different mounts (copy, then remove)"
+    for holder in holders:
+        if holder is not None and holder.read_only:
+            return errno.EROFS, f"the mount at {holder.point} is read-only"
+    return None
 
 
 _Why = Callable[[Looks, str, OSError], tuple[int, str] | None]

@@ -40,6 +40,7 @@ from paramiko.sftp import (
 )
 
 from ..limits import SFTP_MAX_PACKET
+from .mounts import MOUNTINFO, MOUNTINFO_MAX, Mount, parse_mountinfo
 
 __all__ = [
     "PREFERRED_CIPHERS",
@@ -207,7 +208,8 @@ class BoundedSFTPClient(paramiko.SFTPClient):
     - a status text is cut to :data:`STATUS_TEXT_MAX` characters, bad UTF-8 replaced (paramiko
       raised UnicodeDecodeError; it ends up in the messages of our errors).
 
-    :meth:`has_entries` asks whether a directory is empty without reading its whole listing.
+    :meth:`has_entries` asks whether a directory is empty without reading its whole listing;
+    :meth:`mounts` reads the mounts the server sees.
     """
 
     def _read_packet(self) -> tuple[int, bytes]:
@@ -265,6 +267,15 @@ class BoundedSFTPClient(paramiko.SFTPClient):
             if name not in (b".", b".."):
                 return True
         return False
+
+    def mounts(self) -> list[Mount]:
+        """The mounts the SFTP server sees (its ``/proc/self/mountinfo``, at most MOUNTINFO_MAX
+        bytes: ValueError past that). Raises OSError as ``open`` does."""
+        with self.open(MOUNTINFO, "rb") as f:
+            data = f.read(MOUNTINFO_MAX + 1)
+        if len(data) > MOUNTINFO_MAX:
+            raise ValueError(f"{MOUNTINFO} is longer than {MOUNTINFO_MAX} bytes")
+        return parse_mountinfo(data.decode("utf-8", "replace"))
 
     def _close_handle(self, handle: bytes) -> None:
         with contextlib.suppress(OSError, EOFError):

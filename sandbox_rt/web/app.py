@@ -22,6 +22,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 
 from .. import __version__
+from ..caps import pid_budget, read_pid_max
 from ..config import Settings
 from ..errors import ConnectionLost, SandboxError, SandboxNotFound
 from ..limits import HTTP_LIMITS, HttpLimits
@@ -31,7 +32,7 @@ from .bodies import describe_errors
 from .errors import HttpError, error_for
 from .gate import Gate
 from .native import PUBLIC_PATHS
-from .openapi import build_document, size_text
+from .openapi import NATIVE_LINKS, build_document, size_text
 from .params import Context
 from .runtime import ManagerLike, SandboxCache
 
@@ -81,6 +82,7 @@ def openapi_document_cached() -> dict[str, Any]:
         description=_description(HTTP_LIMITS),
         public=PUBLIC_PATHS,
         extra_models=_REQUEST_MODELS,
+        links=NATIVE_LINKS,
     )
 
 
@@ -97,7 +99,18 @@ def served_document(manager: ManagerLike) -> dict[str, Any]:
     create["template"]["enum"] = [*manager.templates(), None]
     create["cpus"]["maximum"] = os.cpu_count() or 1
     create["node"]["enum"] = [*_nodes(manager), None]
+    create["pids_max"]["maximum"] = _pids_max(manager, create["pids_max"]["maximum"])
     return doc
+
+
+def _pids_max(manager: ManagerLike, schema_max: int) -> int:
+    """The largest ``pids_max`` this host gives one sandbox: the LXC backend refuses more than its
+    pids budget (kernel.pid_max less its reserve) with a 400. A Proxmox VE node's ceiling is the
+    node's: the schema's bound stays (its 400 is documented on create)."""
+    settings = getattr(manager, "settings", None)
+    if not isinstance(settings, Settings) or settings.backend != "lxc":
+        return schema_max
+    return min(schema_max, pid_budget(read_pid_max()))
 
 
 def _nodes(manager: ManagerLike) -> list[str]:

@@ -79,6 +79,7 @@ _FILE_ERRNO: dict[int, tuple[int, str]] = {
     errno.ENOENT: (404, "file_not_found"),
     errno.EACCES: (403, "file_permission_denied"),
     errno.EPERM: (403, "file_permission_denied"),
+    errno.EROFS: (403, "file_permission_denied"),  # a read-only mount (a read_only volume, /sys)
     errno.EISDIR: (409, "file_conflict"),
     errno.ENOTDIR: (409, "file_conflict"),
     errno.EEXIST: (409, "file_conflict"),
@@ -87,6 +88,9 @@ _FILE_ERRNO: dict[int, tuple[int, str]] = {
     errno.EFBIG: (413, "file_too_large"),
     errno.EINVAL: (409, "file_conflict"),  # not a regular file (a device, FIFO or socket)
     errno.ENOTEMPTY: (409, "file_conflict"),  # a directory removed without recursive
+    errno.EXDEV: (409, "file_conflict"),  # a rename from one mount to another
+    errno.EBUSY: (409, "file_conflict"),  # a mount point (or /) moved, replaced or removed
+    errno.EILSEQ: (409, "file_conflict"),  # a name in the sandbox that is not UTF-8
     errno.E2BIG: (413, "too_many_entries"),  # a listing past its bound
     errno.ENAMETOOLONG: (400, "file_name_too_long"),  # a name over 255 bytes: the request's fault
     errno.ETIMEDOUT: (504, "file_timeout"),  # the sandbox did not answer (a FIFO planted at the path)

@@ -119,7 +119,7 @@ def list_templates(ctx: Ctx) -> dict[str, Any]:
             "description": "Created and running.",
             "headers": {"Location": {"schema": {"type": "string"}, "description": "/v1/sandboxes/{id}"}},
         },
-        **errors("400", "401", "403", "404", "413", "500", "502", "503"),
+        **errors("400", "401", "403", "404", "409", "413", "500", "502", "503", notes=s.CREATE_NOTES),
     },
     openapi_extra=json_request(s.CreateSandboxRequest, required=False),
 )

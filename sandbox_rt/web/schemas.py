@@ -182,7 +182,12 @@ class CreateSandboxRequest(RequestBody):
         DEFAULT_MEMORY_MB
     )
     disk_gb: Annotated[Any, Kind("integer", minimum=1, maximum=MAX_DISK_GB)] = DEFAULT_DISK_GB
-    pids_max: Annotated[Any, Kind("integer", minimum=MIN_PIDS_MAX, maximum=MAX_PIDS_MAX)] = DEFAULT_PIDS_MAX
+    pids_max: Annotated[Any, Kind("integer", minimum=MIN_PIDS_MAX, maximum=MAX_PIDS_MAX)] = Field(
+        default=DEFAULT_PIDS_MAX,
+        description="Processes and threads at most. LXC: at most the host's pids budget (kernel.pid_max "
+        "less 1/8; the served document's maximum is this host's), and all sandboxes together within "
+        "it (409 while they hold it). Proxmox VE: at most the node's ceiling (400 after the start).",
+    )
     internet: Annotated[Any, Kind("boolean")] = Field(default=False, description="HTTP/HTTPS egress allowed")
     labels: Annotated[Any, Kind("string_map", nullable=True, **_LABELS_DOC)] = None
     ttl_s: Annotated[Any, Kind("integer", nullable=True, minimum=1, maximum=MAX_TTL_S)] = Field(
@@ -237,6 +242,17 @@ class CreateSandboxRequest(RequestBody):
             "propertyNames": {"maxLength": MAX_PATH, "pattern": MOUNT_PATH_PATTERN},
         },
     )
+
+
+# what a create's 400 and 409 mean beyond the shared text (POST /v1/sandboxes)
+CREATE_NOTES = {
+    "400": "On create also a value this host cannot give one sandbox: cpus above its cores or "
+    "pids_max above its pids budget (the served document's maxima are this host's), a template or "
+    "node it lacks; on Proxmox VE a cap above the node's ceiling (pids_max, disk_mbps, disk_iops: "
+    "the node's, known after the start; nothing is left).",
+    "409": "On create: the host's pids budget is spent by the sandboxes it runs (destroy some, or ask "
+    "for a smaller pids_max); nothing is made.",
+}
 
 
 class ExecRequest(RequestBody):

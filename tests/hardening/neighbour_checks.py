@@ -271,7 +271,7 @@ def check_pids_budget_sized(density: int, pids_max: int) -> None:
 
 def check_pids_over_budget_refused(mgr: sandbox_rt.Manager, labels: dict[str, str]) -> None:
     """A sandbox whose pids_max would make the sandboxes' sum exceed the host's budget is refused
-    (BackendError) and leaves nothing; one larger than the whole budget is a ConfigError."""
+    (StateConflict: HTTP 409) and leaves nothing; one larger than the whole budget is a ConfigError."""
     c = "SBX-RES-11"
     budget = pid_budget(pid_max())
     if budget + 1 <= 1 << 22:
@@ -288,7 +288,7 @@ def check_pids_over_budget_refused(mgr: sandbox_rt.Manager, labels: dict[str, st
     try:
         try:
             second = mgr.create(pids_max=big, memory_mb=128, labels=labels)
-        except sandbox_rt.BackendError as exc:
+        except sandbox_rt.StateConflict as exc:
             require(c, "pids budget" in str(exc), f"refused for another reason: {exc}")
         else:
             second.destroy()

@@ -11,6 +11,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -245,6 +246,27 @@ def test_auth_and_validation_against_the_real_server(
     r = http.post(f"{base_url}/v1/sandboxes", json={"memory_mb": 1, "labels": LABEL}, timeout=30)
     assert r.status_code == 400 and "memory_mb" in r.json()["error"]["message"]
     assert http.get(f"{base_url}/v1/sandboxes/sbx-0000000000", timeout=30).status_code == 404
+
+
+def test_the_served_pids_max_bound_is_this_hosts(
+    base_url: str, http: requests.Session, manager: sandbox_rt.Manager, new_sandbox: dict[str, Any]
+) -> None:
+    """Found by fuzzing (issue 35): pids_max was schema-valid up to 2**22, but above the host's pids
+    budget a create was a 400 the document did not describe. Now the served maximum is the budget:
+    above it the schema says no (400), at it the create is made or, while the sandboxes hold part of
+    the budget (this test's own sandbox does), a documented 409; never a 400, nothing is left."""
+    doc = requests.get(f"{base_url}/openapi.json", timeout=30).json()
+    top = doc["components"]["schemas"]["CreateSandboxRequest"]["properties"]["pids_max"]["maximum"]
+    before = {r.id for r in manager.list(labels=LABEL)}
+    r = http.post(f"{base_url}/v1/sandboxes", json={"pids_max": top, "labels": LABEL}, timeout=120)
+    assert r.status_code == 409, r.text  # new_sandbox holds 1024 of the budget
+    assert r.json()["error"]["code"] == "conflict" and "pids budget is spent" in r.json()["error"]["message"]
+    assert "409" in doc["paths"]["/v1/sandboxes"]["post"]["responses"]
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    assert top == pid_max - pid_max // 8  # the host keeps 1/8 (sandbox_rt.caps.pid_budget)
+    r = http.post(f"{base_url}/v1/sandboxes", json={"pids_max": top + 1, "labels": LABEL}, timeout=120)
+    assert r.status_code == 400 and "pids_max" in r.json()["error"]["message"], r.text
+    assert {r.id for r in manager.list(labels=LABEL)} == before
 
 
 def test_cli_serve_refuses_to_start_without_a_token() -> None:

@@ -13,6 +13,11 @@ Bounded and tidy on a real host:
   deletes carries this run's prefix, so the run can only delete its own; commands are a few tame ones
   (the other exec fields stay fuzzed) and a wait without a timeout (or without a body) gets a short one;
 - every sandbox and snapshot the run made is destroyed afterwards, whatever happened.
+
+Stateful (issue 35): chains of calls along the document's links (a create to the routes of the sandbox it
+made, a started background command to its process routes), on the sandboxes the chains make; quick here
+(``SANDBOX_RT_FUZZ_SCENARIOS`` / ``SANDBOX_RT_FUZZ_STEPS`` for the full run); each scenario's sandboxes
+are destroyed when it ends.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from schemathesis.schemas import BaseSchema
 import sandbox_rt
 from sandbox_rt.http_api import ApiServer
 from tests.http_contract import Steering, call_and_check, examples_per_operation, load_published_schema
+from tests.http_stateful import run_stateful, stateful_budget
 from tests.integration.prepared import check_prepared
 
 pytestmark = pytest.mark.slow
@@ -42,6 +48,7 @@ RUN = uuid.uuid4().hex[:12]
 LABEL = {"test-http-contract": RUN}
 PREFIX = f"ct{RUN}"  # every snapshot name this run makes or deletes
 EXAMPLES = examples_per_operation(3)
+STATEFUL = stateful_budget(12, 12)  # scenarios, calls each: 10-20 s on this host
 REQUEST_TIMEOUT_S = 240.0  # a create (clone, start, SSH ready) on a loaded host
 WAIT_CAP_S = 3.0  # a wait for a background command is given at most this
 SCRATCH = "/tmp/contract"
@@ -129,14 +136,15 @@ def _prefixed(name: str) -> str:
     return (PREFIX + name)[:40] if name[:1].isalpha() and name.isascii() else name
 
 
-@pytest.fixture(scope="module")
-def published_schema(run: Run) -> BaseSchema:
+def _schema(run: Run, *, stateful: bool) -> BaseSchema:
+    """The published document as the fuzzer uses it here. Stateful: pids are not steered (a process route
+    gets the pid its link gives); a background command started first in a chain may name the seed."""
     steer = Steering(
         sandbox_ids=lambda: (run.seed_id,),
         snapshot_names=lambda: (run.seed_snapshot,),
         file_paths=lambda: FILES,
         templates=run.manager.templates,
-        pids=lambda: run.pids,
+        pids=(lambda: ()) if stateful else (lambda: run.pids),
         deletable_ids=lambda: tuple(sid for sid in run.created if sid != run.seed_id),
         deletable_snapshot=_prefixed,
         body=_tame,
@@ -149,6 +157,7 @@ def published_schema(run: Run) -> BaseSchema:
         coverage=False,
         shrink=False,
         request_timeout=REQUEST_TIMEOUT_S,
+        stateful=stateful,
     )
 
     def after_call(context: HookContext, case: Case[Any], response: Response) -> None:
@@ -173,9 +182,36 @@ def published_schema(run: Run) -> BaseSchema:
     return schema
 
 
+@pytest.fixture(scope="module")
+def published_schema(run: Run) -> BaseSchema:
+    return _schema(run, stateful=False)
+
+
 schema = schemathesis.pytest.from_fixture("published_schema")
 
 
 @schema.parametrize()
 def test_the_real_server_keeps_its_published_contract(case: Case[Any], run: Run) -> None:
     call_and_check(case, timeout=REQUEST_TIMEOUT_S)
+
+
+def test_chains_along_the_links_keep_the_contract_on_real_sandboxes(run: Run) -> None:
+    """Scenarios of linked calls on the sandboxes and background commands they make; every answer held to
+    the document. The links lead somewhere: some call reached a made sandbox's route with a success."""
+    made_before: set[str] = set(run.created)
+
+    def destroy_what_the_scenario_made() -> None:
+        for sid in [s for s in run.created if s not in made_before and s != run.seed_id]:
+            with contextlib.suppress(sandbox_rt.SandboxError):
+                run.manager.destroy(sid)
+            made_before.add(sid)
+
+    result = run_stateful(
+        _schema(run, stateful=True),
+        scenarios=STATEFUL.scenarios,
+        steps=STATEFUL.steps,
+        timeout=REQUEST_TIMEOUT_S,
+        teardown=destroy_what_the_scenario_made,
+    )
+    print("reached through links:", sorted(result.reached()), "calls:", len(result.calls))
+    assert result.reached() - {"deleteSnapshot", "getVolume", "deleteVolume"}, result.calls

@@ -108,6 +108,32 @@ def test_volumes_over_http_from_raw_requests(server: ApiServer, manager: sandbox
     assert {r.id for r in manager.list()} == before
 
 
+def test_extend_a_sandbox_with_volumes(server: ApiServer, manager: sandbox_rt.Manager) -> None:
+    """Found by fuzzing (issue 35): extend read the spec back with its mounts as dicts and refused
+    them (400 ``volume {...} must be a VolumeMount``). Also through a second server, which attaches
+    from the stored record."""
+    manager.volumes.create("extend-vol")
+    body = {"labels": LABELS, "memory_mb": 256, "ttl_s": 300, "volumes": {"/data": {"volume": "extend-vol"}}}
+    r = _api(server, "POST", "/v1/sandboxes", json=body)
+    assert r.status_code == 201, r.text
+    sid, first = r.json()["id"], r.json()["expires_at"]
+    try:
+        r = _api(server, "POST", f"/v1/sandboxes/{sid}/extend", json={"ttl_s": 3000})
+        assert r.status_code == 200, r.text
+        assert r.json()["expires_at"] > first + 2000
+        fresh = sandbox_rt.Manager(manager.settings)
+        with ApiServer(fresh, token=TOKEN, host="127.0.0.1", port=0) as other:
+            r = _api(other, "POST", f"/v1/sandboxes/{sid}/extend", json={"ttl_s": 600})
+            assert r.status_code == 200, r.text
+            assert _api(other, "GET", f"/v1/sandboxes/{sid}").json()["expires_at"] < first + 2000
+        assert fresh.get(sid).spec.volumes == (VolumeMount("/data", volume="extend-vol"),)
+        r = _api(server, "POST", f"/v1/sandboxes/{sid}/exec", json={"command": "touch /data/still-there"})
+        assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
+    finally:
+        assert _api(server, "DELETE", f"/v1/sandboxes/{sid}").status_code == 204
+        manager.volumes.remove("extend-vol")
+
+
 def test_the_remote_clients_mount_volumes(server: ApiServer, manager: sandbox_rt.Manager) -> None:
     manager.volumes.create("client-vol")
     try:

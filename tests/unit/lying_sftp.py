@@ -12,6 +12,10 @@ says; ``lies`` answers ``stat``/``lstat`` of a path with given attributes (or a 
 answers a directory listing with given names; ``text`` replaces every error status's text;
 ``extended_lie`` sends an ATTRS reply whose extended-attribute count is 2**32 - 1 with no pairs;
 ``readdir_lie`` a NAME reply that promises 2**32 - 1 names and holds one.
+
+Mounts (``World.mounts``: mount point -> read-only) are served as ``/proc/self/mountinfo`` and
+refuse what Linux refuses: a rename from one to another (EXDEV), a mount point removed or moved
+(EBUSY), a change on a read-only one (EROFS). ``links`` are symbolic links (their targets as bytes).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import errno
 import io
 import logging
+import os
 import posixpath
 import socket
 import stat
@@ -63,6 +68,8 @@ class World:
     text: bytes | None = None
     extended_lie: bool = False
     readdir_lie: bool = False
+    mounts: dict[str, bool] = field(default_factory=lambda: {"/": False})  # point -> read-only
+    links: dict[str, bytes] = field(default_factory=dict)  # path -> the link's target
     errors: list[tuple[str, int]] = field(default_factory=list)  # (op, the errno it computed)
     requests: list[tuple[str, str]] = field(default_factory=list)  # (op, path) as they came
 
@@ -108,8 +115,31 @@ class World:
     def is_dir(self, path: str) -> bool:
         return stat.S_ISDIR(self.entries.get(path, 0))
 
+    def mount_of(self, path: str) -> str:
+        """The mount point that holds ``path`` (the deepest at or above it)."""
+        return max((m for m in self.mounts if path == m or path.startswith(m.rstrip("/") + "/")), key=len)
+
+    def _change(self, path: str, *, entry: bool) -> int:
+        """EBUSY if the change removes or replaces a mount point (``entry``); EROFS on a read-only
+        mount."""
+        if entry and path in self.mounts:
+            return errno.EBUSY
+        return errno.EROFS if self.mounts[self.mount_of(path)] else 0
+
+    def mountinfo(self) -> bytes:
+        """The mounts as the kernel lists them (a space in a mount point written as \\040)."""
+        lines = []
+        for i, (point, read_only) in enumerate(self.mounts.items()):
+            where = point.replace(" ", "\\040")
+            lines.append(
+                f"{i + 20} 1 0:{i} / {where} {'ro' if read_only else 'rw'},relatime - ext4 /dev/x rw\n"
+            )
+        return "".join(lines).encode()
+
     def open_write(self, path: str) -> int:
-        code = self._parent(path)
+        if path.endswith("/") and path != "/":  # creat("name/"): what Linux says
+            return errno.EISDIR
+        code = self._parent(path) or self._change(path, entry=False)
         if code:
             return code
         if self.is_dir(path):
@@ -123,6 +153,9 @@ class World:
             return code
         if self.is_dir(path):
             return errno.EISDIR
+        code = self._change(path, entry=True)
+        if code:
+            return code
         del self.entries[path]
         return 0
 
@@ -132,6 +165,9 @@ class World:
             return code
         if not self.is_dir(path):
             return errno.ENOTDIR
+        code = self._change(path, entry=True)
+        if code:
+            return code
         if self.children(path):
             return errno.ENOTEMPTY
         del self.entries[path]
@@ -143,11 +179,19 @@ class World:
             return code
         if path in self.entries:
             return errno.EEXIST
+        code = self._change(path, entry=False)
+        if code:
+            return code
         self.entries[path] = DIR
         return 0
 
     def rename(self, src: str, dst: str) -> int:
         code = self.lookup(src) or self._parent(dst)
+        if code:
+            return code
+        if self.mount_of(posixpath.dirname(src)) != self.mount_of(posixpath.dirname(dst)):
+            return errno.EXDEV
+        code = self._change(src, entry=True) or self._change(dst, entry=True)
         if code:
             return code
         if self.is_dir(src) and (dst == src or dst.startswith(src.rstrip("/") + "/")):
@@ -168,6 +212,13 @@ class World:
 
 
 class _File(paramiko.SFTPHandle):
+    def __init__(self, flags: int, data: bytes = b"") -> None:
+        super().__init__(flags)
+        self.data = data
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self.data[offset : offset + length]
+
     def write(self, offset: int, data: bytes) -> int:
         return SFTP_OK
 
@@ -204,6 +255,9 @@ class _FileSystem(paramiko.SFTPServerInterface):
         return self._stat("lstat", path)
 
     def open(self, path: str, flags: int, attr: SFTPAttributes) -> paramiko.SFTPHandle | int:
+        if path == "/proc/self/mountinfo" and not flags & (os.O_WRONLY | os.O_RDWR):
+            self.world.requests.append(("mountinfo", path))
+            return _File(flags, self.world.mountinfo())
         code = self._answer("open", path, self.world.open_write(path))
         return _File(flags) if code == SFTP_OK else code
 
@@ -231,6 +285,10 @@ class _FileSystem(paramiko.SFTPServerInterface):
 
     def canonicalize(self, path: str) -> str:
         return posixpath.normpath(path)
+
+    def readlink(self, path: str) -> bytes | int:
+        target = self.world.links.get(path)
+        return paramiko.sftp.SFTP_NO_SUCH_FILE if target is None else target
 
 
 def os_stat(mode: int) -> Any:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_rt import BackendError, ConfigError, Settings
+from sandbox_rt import BackendError, ConfigError, Settings, StateConflict
 from sandbox_rt.backends.lxc import cgroup_limit_lines
 from sandbox_rt.backends.lxc.hostcaps import (
     HostLoad,
@@ -110,7 +110,7 @@ def test_host_load_counts_pids_and_spreads_a_sandboxs_cpus_over_its_set() -> Non
 def test_pids_budget_refuses_past_seven_eighths_of_pid_max() -> None:
     assert pid_budget(4194304) == 3670016
     check_pids_budget(1024, 3670016 - 1024, 4194304)  # exactly full: fine
-    with pytest.raises(BackendError, match="pids budget is spent"):
+    with pytest.raises(StateConflict, match="pids budget is spent"):  # a state: HTTP 409, not 502
         check_pids_budget(1024, 3670016 - 1023, 4194304)
     with pytest.raises(ConfigError, match="pids_max=28673"):
         check_pids_budget(28673, 0, 32768)  # the kernel's default pid_max

@@ -23,8 +23,9 @@ from sandbox_rt.files import Files
 from sandbox_rt.limits import SFTP_MAX_PACKET
 from sandbox_rt.models import OutputChunk
 from sandbox_rt.ssh import SSHExecutor
-from sandbox_rt.ssh.files import check_entry_name
+from sandbox_rt.ssh.files import check_entry_name, read_script
 from sandbox_rt.ssh.markers import Demux, Markers
+from sandbox_rt.ssh.mounts import MOUNTS_MAX, mount_of, parse_mountinfo
 from sandbox_rt.ssh.wire import STATUS_TEXT_MAX
 
 
@@ -301,6 +302,59 @@ def test_a_failure_nothing_explains_stays_eio(world: World, sftp: SSHExecutor) -
         assert (err.errno, err.strerror) == (errno.EIO, f"{op}: Failure")
 
 
+MOUNT_CASES: list[tuple[str, Callable[[SSHExecutor], object], str, int]] = [
+    ("write on a read-only mount", lambda x: x.write_bytes("/ro/f", b"x"), "open", errno.EROFS),
+    ("mkdir on a read-only mount", lambda x: x.mkdir("/ro/d"), "mkdir", errno.EROFS),
+    ("remove on a read-only mount", lambda x: x.remove("/ro/seed"), "remove", errno.EROFS),
+    ("rename on a read-only mount", lambda x: x.rename("/ro/seed", "/ro/s2"), "rename", errno.EROFS),
+    ("rename from one mount to another", lambda x: x.rename("/vol/f", "/t/f"), "rename", errno.EXDEV),
+    ("rename into a mount", lambda x: x.rename(Q, "/vol/q"), "rename", errno.EXDEV),
+    ("rename a mount point", lambda x: x.rename("/vol", "/t/v"), "rename", errno.EBUSY),
+    ("rename onto a mount point", lambda x: x.rename("/t/e/", "/vol"), "rename", errno.EBUSY),
+    ("rmdir a mount point", lambda x: x.rmdir("/empty"), "rmdir", errno.EBUSY),
+    ("write a path ending in /", lambda x: x.write_bytes(Q + "/", b"x"), "open", errno.EISDIR),
+]
+
+
+@pytest.mark.parametrize(
+    ("action", "op", "cause"), [c[1:] for c in MOUNT_CASES], ids=[c[0] for c in MOUNT_CASES]
+)
+def test_a_failure_is_named_by_the_mounts_involved(
+    world: World, sftp: SSHExecutor, action: Callable[[SSHExecutor], object], op: str, cause: int
+) -> None:
+    """Found by fuzzing (issue 35): OpenSSH says FAILURE for EXDEV, EBUSY, EROFS and for a creat of
+    "name/" (EISDIR); nothing explained them, so the HTTP API answered 500 (files/rename of a name on
+    another mount, a write under a read_only volume or /sys)."""
+    world.add("/t/q", "/t/e/", "/ro/seed", "/vol/f", "/empty/")
+    world.mounts.update({"/ro": True, "/vol": False, "/empty": False})
+    err = _failure(lambda: action(sftp))
+    assert world.errors[-1] == (op, cause)  # what the server knew and did not say
+    assert err.errno == cause, err
+
+
+def test_the_mounts_are_read_only_after_a_failure(world: World, sftp: SSHExecutor) -> None:
+    world.add("/t/q", "/vol/")
+    world.mounts["/vol"] = False
+    sftp.rename(Q, "/t/r")
+    assert ("mountinfo", "/proc/self/mountinfo") not in world.requests
+    assert _failure(lambda: sftp.rename("/t/r", "/vol/r")).errno == errno.EXDEV
+    assert ("mountinfo", "/proc/self/mountinfo") in world.requests
+
+
+def test_a_link_whose_target_is_not_utf8_has_no_target(world: World, sftp: SSHExecutor) -> None:
+    """Found by fuzzing (issue 35): paramiko gives such a target as bytes; the stat route answered 500."""
+    world.links[P] = b"/t/\xff\xfe"
+    assert sftp.readlink(P) is None
+
+
+def test_a_read_of_a_path_linux_refuses_is_enametoolong() -> None:
+    """Found by fuzzing (issue 35): bash printed the whole path back, the reason was cut off: 500."""
+    for path in ("/" + "z" * 5000, LONG):
+        with pytest.raises(FileOperationError) as caught:
+            read_script(path)
+        assert caught.value.errno == errno.ENAMETOOLONG
+
+
 def test_status_texts_are_cut_and_bad_utf8_is_no_error(world: World, sftp: SSHExecutor) -> None:
     world.add("/t/q")
     world.fail = {"open": paramiko.sftp.SFTP_FAILURE}
@@ -485,3 +539,24 @@ def test_a_count_past_the_bytes_is_refused() -> None:
     assert not _counts_fit(CMD_ATTRS, attrs.asbytes())
     attrs.add_string("k")
     assert not _counts_fit(CMD_ATTRS, attrs.asbytes())  # a key without its value
+
+
+def test_the_mount_table_is_parsed_strictly() -> None:
+    text = (
+        "22 1 0:1 / / rw,relatime - overlay overlay rw\n"
+        "23 22 0:2 / /mnt/a\\040b rw - ext4 /dev/x ro,errors=remount-ro\n"  # read-only by its super block
+        "24 22 0:3 / /sys ro,nosuid - sysfs sysfs rw\n"
+        "garbage without fields\n"
+        "25 22 0:4 / relative rw - ext4 /dev/y rw\n"
+        "26 22 0:5 / /mnt/a\\040b/c rw - tmpfs t rw\n"
+    )
+    mounts = parse_mountinfo(text)
+    assert [(m.point, m.read_only) for m in mounts] == [
+        ("/", False),
+        ("/mnt/a b", True),
+        ("/sys", True),
+        ("/mnt/a b/c", False),
+    ]
+    assert mount_of(mounts, "/mnt/a b/x") == mounts[1] and mount_of(mounts, "/mnt/a b/c/d") == mounts[3]
+    assert mount_of(mounts, "/mnt/a bc") == mounts[0]
+    assert len(parse_mountinfo("1 1 0:1 / /x rw - t t rw\n" * (MOUNTS_MAX + 5))) == MOUNTS_MAX

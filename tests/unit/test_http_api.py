@@ -42,6 +42,7 @@ from sandbox_rt import (
     SandboxRecord,
     SandboxSpec,
     SandboxStatus,
+    Settings,
 )
 from sandbox_rt.http_api import ApiServer, load_token, serve
 from sandbox_rt.http_openapi import openapi_document
@@ -584,6 +585,22 @@ def test_the_served_document_knows_the_hosts_templates_and_cores(
     assert "enum" not in generic["properties"]["template"] and "maximum" not in generic["properties"]["cpus"]
 
 
+def test_the_served_pids_max_is_the_lxc_hosts_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35 (found by fuzzing): above an LXC host's pids budget a create is a 400, so the served
+    maximum is that budget (a Proxmox VE node's ceiling is the node's: the schema's bound stays, and
+    the create's 400 says so)."""
+    from sandbox_rt.web import app
+
+    monkeypatch.setattr(app, "read_pid_max", lambda: 32768)
+    lxc, unknown = FakeManager(), FakeManager()  # a runtime without settings: the schema's bound
+    lxc.settings = Settings(backend="lxc")  # type: ignore[attr-defined]
+    for mgr, want in ((lxc, 32768 - 32768 // 8), (unknown, 1 << 22)):
+        served = app.served_document(mgr)["components"]["schemas"]["CreateSandboxRequest"]
+        assert served["properties"]["pids_max"]["maximum"] == want
+    create = openapi_document()["paths"]["/v1/sandboxes"]["post"]["responses"]
+    assert "pids budget" in create["409"]["description"] and "pids_max" in create["400"]["description"]
+
+
 def test_create_is_all_or_nothing_when_status_fails(
     api: Callable[..., requests.Response], mgr: FakeManager
 ) -> None:
@@ -946,6 +963,10 @@ def test_internet_toggle(api: Callable[..., requests.Response], mgr: FakeManager
         (FileOperationError(errno.ENAMETOOLONG, "name too long", "/x"), 400, "file_name_too_long"),
         (FileOperationError(errno.ENOTEMPTY, "not empty", "/x"), 409, "file_conflict"),
         (FileOperationError(errno.ETIMEDOUT, "no answer", "/x"), 504, "file_timeout"),
+        (FileOperationError(errno.EROFS, "read-only mount", "/x"), 403, "file_permission_denied"),
+        (FileOperationError(errno.EXDEV, "different mounts", "/x"), 409, "file_conflict"),
+        (FileOperationError(errno.EBUSY, "a mount point", "/x"), 409, "file_conflict"),
+        (FileOperationError(errno.EILSEQ, "a name that is not UTF-8", "/x"), 409, "file_conflict"),
         (BackendError("lxc-attach failed", step="exec"), 502, "backend_error"),
         (PermissionDenied("token lacks VM.Audit", step="status"), 502, "backend_permission_denied"),
         (ConnectionLost("ssh dropped"), 502, "connection_lost"),

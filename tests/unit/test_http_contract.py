@@ -30,6 +30,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import Case
+from schemathesis.generation import GenerationMode
 from schemathesis.schemas import BaseSchema
 from test_http_api import TOKEN, Container, FakeManager, FakeSandbox, FakeStream
 
@@ -54,6 +55,7 @@ from sandbox_rt.files import MAX_LIST_DEPTH
 from sandbox_rt.http_api import ApiServer
 from sandbox_rt.limits import DEFAULT_MAX_OUTPUT
 from sandbox_rt.models import EntryInfo, EntryType, ProcessInfo
+from sandbox_rt.ssh.files import name_too_long
 from sandbox_rt.validation import (
     check_egress,
     check_env,
@@ -66,12 +68,14 @@ from sandbox_rt.validation import (
     check_timeout,
     check_user,
     make_spec,
+    respec,
 )
 from sandbox_rt.volumes import VolumeStore
 from sandbox_rt.volumes.store import open_host_source
 from tests.http_contract import Steering, call_and_check, examples_per_operation, load_published_schema
 
 EXAMPLES = examples_per_operation(25)  # per operation and mode; the whole file stays well under a minute
+POSITIVE = GenerationMode.POSITIVE
 HOST_CPUS = os.cpu_count() or 1  # what the real runtime checks cpus against (make_spec)
 TEMPLATES = ("default", "base")
 PLAIN = "sbx-00000c0ffe"  # seeded sandboxes: a plain one and one made with root=True
@@ -101,6 +105,8 @@ class MemFiles:
 
     @staticmethod
     def _path(path: str, name: str = "path") -> str:
+        if isinstance(path, str) and name_too_long(path):  # what Linux says (its limits are bytes)
+            raise FileOperationError(errno.ENAMETOOLONG, "a name is too long", path)
         return posixpath.normpath(check_remote_path(path, name)).replace("//", "/")
 
     def _entry(self, path: str) -> EntryInfo:
@@ -369,9 +375,7 @@ class ContractSandbox(FakeSandbox):
         return entries
 
     def extend(self, ttl_s: int) -> None:
-        self.mgr.specs[self.id] = make_spec(
-            **{**dataclasses.asdict(self.spec), "ttl_s": ttl_s}, host_cpus=HOST_CPUS
-        )
+        self.mgr.specs[self.id] = respec(self.spec, ttl_s=ttl_s, host_cpus=HOST_CPUS)
 
     def status(self) -> SandboxStatus:
         s = self.spec
@@ -561,3 +565,21 @@ def test_the_fuzzer_reaches_the_seeded_sandboxes(published_schema: BaseSchema, c
     draw()
     assert {PLAIN, ROOTED} & seen, seen
     assert seen - {PLAIN, ROOTED}, "generated ids are fuzzed too"
+
+
+def test_a_name_too_long_in_bytes_is_the_documented_400(published_schema: BaseSchema) -> None:
+    """Found by fuzzing (issue 35): a schema-valid path of 200 characters is 400 bytes in UTF-8, over
+    Linux's 255 for a name; the answer is 400 file_name_too_long, which no schema can rule out (its
+    lengths count characters). The contract takes that 400 for such a path (the fake refuses it as the
+    runtime does)."""
+    statuses: list[int] = []
+
+    @settings(max_examples=3, database=None, suppress_health_check=list(HealthCheck), deadline=None)
+    @given(case=published_schema["/v1/sandboxes/{id}/files"]["PUT"].as_strategy(generation_mode=POSITIVE))
+    def send(case: Case[Any]) -> None:
+        case.path_parameters = {"id": PLAIN}
+        case.query = {"path": "/tmp/" + "é" * 200}
+        statuses.append(call_and_check(case, timeout=10).status_code)
+
+    send()
+    assert statuses and set(statuses) == {400}

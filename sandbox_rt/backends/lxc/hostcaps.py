@@ -16,8 +16,8 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ...caps import pid_budget
-from ...errors import BackendError, ConfigError
+from ...caps import pid_budget, read_pid_max
+from ...errors import ConfigError, StateConflict
 from ...validation import SANDBOX_ID
 
 __all__ = [
@@ -174,13 +174,6 @@ def pick_cpus(cpus: float, allowed: list[int], load: Mapping[int, float]) -> lis
     return sorted(ranked[:want])
 
 
-def read_pid_max(path: Path = Path("/proc/sys/kernel/pid_max")) -> int:
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError) as exc:
-        raise BackendError(f"cannot read the host's pid_max ({path}): {exc}", step="limits") from exc
-
-
 def check_pids_budget(wanted: int, others: int, pid_max: int) -> None:
     """The sandboxes' pids limits together must leave the host its share of ``pid_max``
     (:func:`sandbox_rt.caps.pid_budget`): ``wanted`` for the new one, ``others`` already taken."""
@@ -190,12 +183,11 @@ def check_pids_budget(wanted: int, others: int, pid_max: int) -> None:
             f"pids_max={wanted} is more than this host gives all sandboxes together ({budget} of "
             f"kernel.pid_max={pid_max}; the lxc_host role raises pid_max)"
         )
-    if others + wanted > budget:
-        raise BackendError(
+    if others + wanted > budget:  # a state of the host, not a fault of the engine (HTTP: 409)
+        raise StateConflict(
             f"the host's pids budget is spent: the sandboxes hold {others} of {budget} "
             f"(kernel.pid_max={pid_max} less its reserve), pids_max={wanted} does not fit; "
-            "destroy sandboxes or ask for a smaller pids_max",
-            step="limits",
+            "destroy sandboxes or ask for a smaller pids_max"
         )
 
 
