@@ -1710,7 +1710,7 @@ def pve_root_side_refused(t: Target, make: Callable[..., Target]) -> tuple[bool,
     source.sb.snapshot(name)
     mgr = sandbox_rt.Manager(t.settings)
     try:
-        fork = mgr.create(from_snapshot=name, memory_mb=256, labels=dict(t.sb.record.labels))
+        fork = mgr.create(from_snapshot=name, memory_mb=256, labels=dict(t.sb.record.spec.labels))
     except sandbox_rt.ConfigError as exc:
         refused = "root=True only" in str(exc)
     else:
