@@ -1045,10 +1045,10 @@ def check_unprivileged(t: Target) -> None:
     maps = ct_config_values(t, "lxc.idmap")
     want = [f"u 0 {base} {s.idmap_size}", f"g 0 {base} {s.idmap_size}"]
     require(c, sorted(maps) == sorted(want), f"lxc.idmap {maps}")
-    # PID 1 is container root only in a sandbox made with root=True; otherwise the sandbox user
-    # (SBX-ESC-28): either way a host uid of the container's range, never the host's own
+    # PID 1 is container root only in a sandbox made with root=True, or on PVE (SBX-ESC-28's waiver);
+    # otherwise the sandbox user: either way a host uid of the container's range, never the host's own
     uids = proc_status(init_pid(t))["Uid"].split()
-    pid1 = base if t.sb.root else base + SANDBOX_UID
+    pid1 = base if t.sb.root or site_of(t).is_pve else base + SANDBOX_UID
     require(c, set(uids) == {str(pid1)}, f"PID 1 runs as host uid {uids}, not {pid1}")
     uid_map = t.user.file("/proc/self/uid_map").content_string.split()
     require(c, uid_map == ["0", str(base), str(s.idmap_size)], f"uid_map {uid_map}")
@@ -1710,7 +1710,7 @@ def pve_root_side_refused(t: Target, make: Callable[..., Target]) -> tuple[bool,
     source.sb.snapshot(name)
     mgr = sandbox_rt.Manager(t.settings)
     try:
-        fork = mgr.create(from_snapshot=name, memory_mb=256, labels=dict(t.sb.record.labels))
+        fork = mgr.create(from_snapshot=name, memory_mb=256, labels=dict(t.sb.record.spec.labels))
     except sandbox_rt.ConfigError as exc:
         refused = "root=True only" in str(exc)
     else:

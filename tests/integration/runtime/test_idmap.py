@@ -56,13 +56,16 @@ def check_isolated(mgr: Manager, a: sandbox_rt.Sandbox, b: sandbox_rt.Sandbox) -
         raise SharedIds(f"{a.id} and {b.id} share host ids ({base_a}, {base_b})")
     if template in (base_a, base_b):
         raise SharedIds(f"a sandbox runs with the template's ids ({template})")
-    secret = f"/var/lib/sandbox_rt/lxc/{b.id}/overlay/delta/etc/ssh/ssh_host_ed25519_key"
-    if not Path(secret).is_file():
-        raise AssertionError(f"precondition: {secret} exists (b's own host key, root-only)")
-    if as_host_uid(base_b, "cat", secret).returncode != 0:
-        raise AssertionError("precondition: b's root reads its own key")
-    if as_host_uid(base_a, "cat", secret).returncode == 0:
-        raise SharedIds(f"{a.id}'s root (host uid {base_a}) reads {b.id}'s private host key")
+    # b's private host key (0600; its sshd's: the sandbox user's, root's in a root=True sandbox)
+    secret = Path(f"/var/lib/sandbox_rt/lxc/{b.id}/overlay/delta/etc/ssh/ssh_host_ed25519_key")
+    if not secret.is_file():
+        raise AssertionError(f"precondition: {secret} exists (b's own host key, owner-only)")
+    owner = secret.stat().st_uid
+    if not base_b <= owner < base_b + n or as_host_uid(owner, "cat", str(secret)).returncode != 0:
+        raise AssertionError(f"precondition: b's own id {owner} (of {base_b}..) reads its own key")
+    for who, uid in (("root", base_a), ("sandbox user", base_a + owner - base_b)):
+        if as_host_uid(uid, "cat", str(secret)).returncode == 0:
+            raise SharedIds(f"{a.id}'s {who} (host uid {uid}) reads {b.id}'s private host key")
 
 
 @pytest.fixture(scope="module")
