@@ -25,6 +25,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+from .api_token import TOKEN_ENV, check_token, is_loopback, load_token
 from .errors import ConfigError
 from .limits import HTTP_LIMITS, HttpLimits
 from .policy import DoorPolicy
@@ -32,7 +33,6 @@ from .web.app import build_app
 from .web.errors import HttpError
 from .web.params import Context
 from .web.runtime import ManagerLike, SandboxCache, SandboxLike
-from .web.tokens import TOKEN_ENV, check_token, is_loopback, load_token
 from .web.transport import HttpService, Site
 
 __all__ = [

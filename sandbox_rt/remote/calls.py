@@ -10,6 +10,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from ..api_token import check_token, is_loopback, load_token  # the server's token rules, shared
 from ..errors import ConfigError
 from ..files import LIST_MAX_ENTRIES, MAX_LIST_DEPTH
 from ..limits import DEFAULT_READ_MAX_BYTES
@@ -32,7 +33,6 @@ from ..validation import (
     check_timeout,
 )
 from ..volumes import check_mounts
-from ..web.tokens import check_token, is_loopback, load_token  # the server's token rules, reused
 from . import answers, wire
 from .error_map import ErrorContext
 from .wire import Call
