@@ -495,7 +495,7 @@ class _Cli:
         raise ConfigError(f"unknown command {a.cmd!r}")
 
     def serve(self) -> int:
-        from .http_api import load_token, serve
+        from .web.server import load_token, serve
 
         a = self.args
         # a missing, weak or unsafe token, or a bad limit, is a usage error before anything starts
@@ -540,7 +540,7 @@ class _Cli:
     def mcp(self) -> int:
         from .api.mcp import McpOptions, SandboxMcp
         from .api.mcp_transport import serve_http, serve_stdio
-        from .http_api import load_token
+        from .web.server import load_token
 
         a = self.args
         options = McpOptions(  # bad options and a missing or unsafe token fail before anything starts

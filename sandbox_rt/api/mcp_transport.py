@@ -21,8 +21,8 @@ import anyio
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..api_token import check_token, is_loopback  # the token rules of `serve`, reused
-from ..http_api import DEFAULT_HOST
 from ..limits import HTTP_LIMITS, HttpLimits
+from ..web.server import DEFAULT_HOST
 from ..web.transport import HttpService, Site
 from .mcp import SandboxMcp
 

@@ -1,7 +1,7 @@
 """The native HTTP API as an ASGI app: FastAPI with :mod:`.native`'s routes behind the
 :class:`~.gate.Gate`, and the handlers that answer every error as ``{"error": {...}}``.
 
-``build_app(manager, token=..., limits=...)`` is what :class:`sandbox_rt.http_api.ApiServer` serves;
+``build_app(manager, token=..., limits=...)`` is what :class:`sandbox_rt.web.server.ApiServer` serves;
 :func:`openapi_document` is its document without a server.
 """
 

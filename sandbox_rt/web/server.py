@@ -10,7 +10,7 @@ connections, timeouts) is a :class:`~sandbox_rt.limits.HttpLimits`: a request wi
 never makes the server read more than a small head and a few KiB of body, nor hold a connection past
 the head deadline, nor keep a client with the token out (:mod:`sandbox_rt.web.slots`). The routes,
 bodies and errors are documented in ``docs/http-api.md`` and served as an OpenAPI 3.1 document
-generated from the models (:func:`sandbox_rt.http_openapi.openapi_document`).
+generated from the models (:func:`sandbox_rt.web.app.openapi_document`).
 
 Usage::
 
@@ -25,15 +25,15 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from .api_token import TOKEN_ENV, check_token, is_loopback, load_token
-from .errors import ConfigError
-from .limits import HTTP_LIMITS, HttpLimits
-from .policy import DoorPolicy
-from .web.app import build_app
-from .web.errors import HttpError
-from .web.params import Context
-from .web.runtime import ManagerLike, SandboxCache, SandboxLike
-from .web.transport import HttpService, Site
+from ..api_token import TOKEN_ENV, check_token, is_loopback, load_token
+from ..errors import ConfigError
+from ..limits import HTTP_LIMITS, HttpLimits
+from ..policy import DoorPolicy
+from .app import build_app
+from .errors import HttpError
+from .params import Context
+from .runtime import ManagerLike, SandboxCache, SandboxLike
+from .transport import HttpService, Site
 
 __all__ = [
     "DEFAULT_HOST",
@@ -99,7 +99,7 @@ class ApiServer:
         native = build_app(manager, token=token, limits=limits, ctx=ctx)
         sites = [Site(native, host, port, credentials=native.authorized)]
         if opensandbox_port is not None:
-            from .web.opensandbox.app import build_opensandbox_app
+            from .opensandbox.app import build_opensandbox_app
 
             if opensandbox_port == port and port != 0:
                 raise ConfigError(f"--opensandbox-port {opensandbox_port} is the native API's port")
