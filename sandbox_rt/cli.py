@@ -538,8 +538,8 @@ class _Cli:
         return DoorPolicy.of(mgr, door=door, allow_root=a.allow_root, allow_uncapped=a.allow_uncapped)
 
     def mcp(self) -> int:
-        from .api.mcp import McpOptions, SandboxMcp
-        from .api.mcp_transport import serve_http, serve_stdio
+        from .mcp.server import McpOptions, SandboxMcp
+        from .mcp.transport import serve_http, serve_stdio
         from .web.server import load_token
 
         a = self.args

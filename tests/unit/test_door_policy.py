@@ -15,9 +15,9 @@ import requests
 from mcp import Client
 
 from sandbox_rt import ConfigError, PolicyDenied, Settings, remote
-from sandbox_rt.api.mcp import McpOptions, SandboxMcp
 from sandbox_rt.caps import DEFAULT_DISK_IOPS, DEFAULT_DISK_MBPS, DEFAULT_NET_MBPS, MAX_DISK_MBPS
 from sandbox_rt.cli import _parser
+from sandbox_rt.mcp.server import McpOptions, SandboxMcp
 from sandbox_rt.policy import CAP_OPTIONS, DoorPolicy
 from sandbox_rt.web.opensandbox import lifecycle
 from sandbox_rt.web.opensandbox.mapping import plan_create

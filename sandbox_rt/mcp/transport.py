@@ -24,7 +24,7 @@ from ..api_token import check_token, is_loopback  # the token rules of `serve`, 
 from ..limits import HTTP_LIMITS, HttpLimits
 from ..web.server import DEFAULT_HOST
 from ..web.transport import HttpService, Site
-from .mcp import SandboxMcp
+from .server import SandboxMcp
 
 __all__ = ["DEFAULT_PORT", "MCP_PATH", "BearerToken", "http_app", "serve_http", "serve_stdio"]
 

@@ -45,7 +45,7 @@ from ..models import (
 )
 from ..policy import DoorPolicy
 from ..validation import MAX_TTL_S, check_snapshot_name
-from .mcp_answers import (
+from .answers import (
     CommandResult,
     Destroyed,
     EgressState,
@@ -64,7 +64,7 @@ from .mcp_answers import (
     tool_error,
     view,
 )
-from .mcp_sessions import SERVER_LABEL, SESSION_LABEL, ManagerLike, SessionSandboxes
+from .sessions import SERVER_LABEL, SESSION_LABEL, ManagerLike, SessionSandboxes
 
 __all__ = ["McpOptions", "SandboxMcp", "tool_error"]
 
