@@ -22,11 +22,11 @@ from .cli_template import add_template_command, template_command
 from .cli_volumes import VOLUME_HELP, add_volume_command, parse_volume_flags, volume_command
 from .config import Settings
 from .errors import ConfigError, SandboxError
-from .limits import HTTP_LIMITS
 from .manager import Manager
 from .models import DEFAULT_CPUS, DEFAULT_DISK_GB, DEFAULT_MEMORY_MB, SandboxRecord
 from .policy import DoorPolicy
 from .sandbox import Sandbox
+from .web.limits import HTTP_LIMITS
 
 __all__ = ["main"]
 

@@ -34,7 +34,6 @@ from pydantic import Field
 from .. import __version__
 from ..errors import ConfigError, SandboxError, SnapshotNotFound
 from ..files import LIST_MAX_ENTRIES
-from ..limits import HTTP_LIMITS
 from ..models import (
     DEFAULT_CPUS,
     DEFAULT_DISK_GB,
@@ -45,6 +44,7 @@ from ..models import (
 )
 from ..policy import DoorPolicy
 from ..validation import MAX_TTL_S, check_snapshot_name
+from ..web.limits import HTTP_LIMITS
 from .answers import (
     CommandResult,
     Destroyed,

@@ -24,8 +24,8 @@ from typing import IO
 import paramiko
 
 from ..errors import CommandTimeout, ConnectionLost, FileOperationError
-from ..limits import DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES, STREAM_QUEUE_CHUNKS
 from ..models import OutputChunk
+from ..output_limits import DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES, STREAM_QUEUE_CHUNKS
 from . import wire
 from .connection import MAX_PARALLEL_CHANNELS, SSHConnection
 from .files import Op, check_entry_name, explain, is_directory, read_script, receive_file

@@ -25,12 +25,12 @@ from .. import __version__
 from ..caps import pid_budget, read_pid_max
 from ..config import Settings
 from ..errors import ConnectionLost, SandboxError, SandboxNotFound
-from ..limits import HTTP_LIMITS, HttpLimits
 from ..policy import DoorPolicy
 from . import native, processes, schemas
 from .bodies import describe_errors
 from .errors import HttpError, error_for
 from .gate import Gate
+from .limits import HTTP_LIMITS, HttpLimits
 from .native import PUBLIC_PATHS
 from .openapi import NATIVE_LINKS, build_document, size_text
 from .params import Context

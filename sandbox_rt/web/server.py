@@ -6,7 +6,7 @@ served by uvicorn through the hardened transport of :mod:`sandbox_rt.web.transpo
 loopback by default; every route but ``/healthz`` and ``/openapi.json`` needs
 ``Authorization: Bearer <token>``. The server keeps one attached :class:`~sandbox_rt.Sandbox` per
 id, so consecutive execs reuse its SSH transport. What a client may cost (head and body sizes,
-connections, timeouts) is a :class:`~sandbox_rt.limits.HttpLimits`: a request without a valid token
+connections, timeouts) is a :class:`~sandbox_rt.web.limits.HttpLimits`: a request without a valid token
 never makes the server read more than a small head and a few KiB of body, nor hold a connection past
 the head deadline, nor keep a client with the token out (:mod:`sandbox_rt.web.slots`). The routes,
 bodies and errors are documented in ``docs/http-api.md`` and served as an OpenAPI 3.1 document
@@ -27,10 +27,10 @@ from collections.abc import Callable
 
 from ..api_token import TOKEN_ENV, check_token, is_loopback, load_token
 from ..errors import ConfigError
-from ..limits import HTTP_LIMITS, HttpLimits
 from ..policy import DoorPolicy
 from .app import build_app
 from .errors import HttpError
+from .limits import HTTP_LIMITS, HttpLimits
 from .params import Context
 from .runtime import ManagerLike, SandboxCache, SandboxLike
 from .transport import HttpService, Site
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
-DEFAULT_MAX_BODY_BYTES = HTTP_LIMITS.max_body_bytes  # the limits themselves live in sandbox_rt.limits
+DEFAULT_MAX_BODY_BYTES = HTTP_LIMITS.max_body_bytes  # the limits themselves live in web/limits.py
 
 
 class ApiServer:
@@ -84,7 +84,7 @@ class ApiServer:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port={port!r} must be a TCP port number")
         if not isinstance(limits, HttpLimits):
-            raise ConfigError(f"limits={limits!r} must be a sandbox_rt.limits.HttpLimits")
+            raise ConfigError(f"limits={limits!r} must be a sandbox_rt.web.limits.HttpLimits")
         if max_body_bytes is not None:
             limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)  # validated there
         self.limits = limits

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 import sandbox_rt
-from sandbox_rt.limits import HttpLimits
+from sandbox_rt.web.limits import HttpLimits
 from sandbox_rt.web.server import ApiServer
 from tests.integration.prepared import labelled_manager
 

@@ -52,8 +52,8 @@ from sandbox_rt import (
 )
 from sandbox_rt.execution import command_text
 from sandbox_rt.files import MAX_LIST_DEPTH
-from sandbox_rt.limits import DEFAULT_MAX_OUTPUT
 from sandbox_rt.models import EntryInfo, EntryType, ProcessInfo
+from sandbox_rt.output_limits import DEFAULT_MAX_OUTPUT
 from sandbox_rt.ssh.files import name_too_long
 from sandbox_rt.validation import (
     check_egress,

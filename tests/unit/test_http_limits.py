@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from test_http_api import AUTH, TOKEN, FakeManager
 
 from sandbox_rt import ConfigError
-from sandbox_rt.limits import HTTP_LIMITS, HttpLimits
 from sandbox_rt.web.app import openapi_document
+from sandbox_rt.web.limits import HTTP_LIMITS, HttpLimits
 from sandbox_rt.web.server import ApiServer, load_token
 
 SHORT = 0.4  # seconds: the head, idle and I/O timeouts of the servers below

@@ -272,6 +272,6 @@ def test_the_http_transport_imports_only_the_core() -> None:
     """The transport (its service, one connection's protocol, the slot table) knows no API."""
     graph = _edges()
     transport = {"sandbox_rt.web.transport", "sandbox_rt.web.connection", "sandbox_rt.web.slots"}
-    assert {"sandbox_rt.web.connection", "sandbox_rt.limits"} <= graph["sandbox_rt.web.transport"]
+    assert {"sandbox_rt.web.connection", "sandbox_rt.web.limits"} <= graph["sandbox_rt.web.transport"]
     for module in sorted(transport):
-        assert graph[module] <= transport | {"sandbox_rt.errors", "sandbox_rt.limits"}, module
+        assert graph[module] <= transport | {"sandbox_rt.errors", "sandbox_rt.web.limits"}, module

@@ -11,7 +11,7 @@ import pytest
 from test_http_api import TOKEN, FakeManager
 from test_http_limits import closed_by_server, connect, read_answer
 
-from sandbox_rt.limits import HttpLimits
+from sandbox_rt.web.limits import HttpLimits
 from sandbox_rt.web.server import ApiServer
 
 KEY = {"OPEN-SANDBOX-API-KEY": TOKEN}
