@@ -6,7 +6,8 @@
    the package sources the steps need; the steps run as pyinfra operations over the runtime's own SSH
    connection (:mod:`.ops`, :mod:`.connector`), each operation's output streamed to ``on_log``.
 3. The sandbox stops; the hardening checks read its delta (:mod:`.checks`); the delta over the base
-   becomes a template container (:mod:`.lxc_store`), recorded in the registry (:mod:`.registry`).
+   becomes a template container (:mod:`.lxc_store`), recorded in the registry
+   (:mod:`sandbox_rt.template_registry`).
 Any failure or interrupt: the build sandbox is destroyed and no template is recorded.
 
 On Proxmox VE (:mod:`.pve_store`) the same build sandbox (its egress names resolved on this machine:
