@@ -27,8 +27,8 @@ import subprocess
 from typing import Any
 
 from sandbox_rt import remote
-from sandbox_rt.http_api import ApiServer
 from sandbox_rt.web.opensandbox.state import execd_base_path
+from sandbox_rt.web.server import ApiServer
 
 from .context import Bench
 from .raw import OpenSSH

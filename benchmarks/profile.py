@@ -21,9 +21,10 @@ from typing import Any
 
 import paramiko
 
-from sandbox_rt import ipam, ssh
+from sandbox_rt import ipam
 from sandbox_rt.backends import lxc
 from sandbox_rt.ipam import mac_for_ip
+from sandbox_rt.ssh.connection import SSHConnection
 
 from .context import Bench
 from .raw import wait_port
@@ -83,7 +84,7 @@ TARGETS: list[tuple[Any, str, Callable[..., str]]] = [
     (lxc.LxcBackend, "_write_record", _const("write record")),
     (lxc.LxcBackend, "clone", _const("clone (total)")),
     (lxc.LxcBackend, "start", _const("start (total)")),
-    (ssh.SSHExecutor, "connect", _const("ssh connect (total)")),
+    (SSHConnection, "connect", _const("ssh connect (total)")),
     (paramiko.Transport, "start_client", _const("ssh handshake (banner, kex, host key)")),
     (paramiko.Transport, "auth_publickey", _const("ssh auth (publickey)")),
 ]

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pve_testserver.env as pve_env
 import sandbox_rt
+import tests.pve_env as pve_env
 from sandbox_rt import Manager, Settings
 
 from .context import Bench

@@ -13,12 +13,22 @@ import re
 import time
 from typing import Any
 
-from .api_cluster import ct_stats
-from .auth import ROOT
+from .api_lxc_status import do_start
 from .core import Call, route
+from .ctchecks import (
+    DISK_RE,
+    NET_RE,
+    check_config_write,
+    check_digest,
+    check_lock,
+    check_modify_perm,
+    ct_list_entry,
+    load_ct,
+    start_task,
+    stored,
+)
 from .ctconfig import (
     api_config,
-    config_digest,
     normalize_net,
     normalize_tags,
     parse_kv,
@@ -27,8 +37,7 @@ from .ctconfig import (
 )
 from .errors import PVEError, fail, param_error, perm_error
 from .formats import parse_size, split_list
-from .hookcaps import REFUSED_PREFIX, applied_of, published_line, with_applied
-from .hostkey import hostkey_of, with_hostkey, without_hostkey
+from .hostkey import without_hostkey
 from .tasks import TaskContext, TaskError
 
 _NOT_STORED = frozenset(
@@ -50,113 +59,6 @@ _NOT_STORED = frozenset(
         "unprivileged",
     }
 )
-_NET_RE = re.compile(r"^net\d+$")
-_DISK_RE = re.compile(r"^(rootfs|mp\d+)$")
-
-
-# --- helpers ----------------------------------------------------------------------------------
-
-
-def load_ct(call: Call, vmid: int) -> dict[str, Any]:
-    """The CT on the addressed node (state lock held), or PVE's missing-config error."""
-    ct: dict[str, Any] | None = call.state.ct(vmid)
-    if ct is None or ct["node"] != call.node:
-        raise fail(f"Configuration file 'nodes/{call.node}/lxc/{vmid}.conf' does not exist")
-    return ct
-
-
-def check_lock(conf: dict[str, Any]) -> None:
-    if conf.get("lock"):
-        raise fail(f"CT is locked ({conf['lock']})")
-
-
-def check_config_write(call: Call, vmid: int, conf: dict[str, Any]) -> None:
-    """check_lock for config writes, honouring the ``lock`` fault switch."""
-    injected = call.faults.take_lock(vmid)
-    if injected:
-        raise fail(f"CT is locked ({injected})")
-    check_lock(conf)
-
-
-def check_digest(conf: dict[str, Any], digest: str | None) -> None:
-    if digest and digest != config_digest(conf):
-        raise fail("detected modified configuration - file changed by other user? Try again.")
-
-
-def stored(value: Any) -> Any:
-    """A validated parameter as the config file stores it."""
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, float):
-        return str(int(value)) if value.is_integer() else str(value)
-    return value
-
-
-def start_task(call: Call, dtype: str, vmid: int, body: Any) -> str:
-    return call.tasks.start(call.node, dtype, str(vmid), call.authid, body).upid
-
-
-def check_modify_perm(
-    call: Call,
-    vmid: int,
-    pool: str | None,
-    old: dict[str, Any] | None,
-    new: dict[str, Any],
-    delete: list[str],
-    storage: str | None = None,
-) -> None:
-    """PVE::LXC::check_ct_modify_config_perm (per option privileges, SDN.Use on bridges)."""
-    who = call.authid
-    if who == ROOT:
-        return
-    acl = call.acl
-
-    def one(opt: str, deleting: bool) -> None:
-        if opt in ("cores", "cpuunits", "cpulimit"):
-            acl.check_vm_perm(who, vmid, pool, ["VM.Config.CPU"])
-        elif _DISK_RE.match(opt):
-            acl.check_vm_perm(who, vmid, pool, ["VM.Config.Disk"])
-            if not deleting:
-                # PVE's classify_mountpoint: /dev/... is a device, /... a bind mount, anything else a
-                # volume - STORAGE:VOLUME, STORAGE:SIZE or a bare SIZE on the create's storage
-                volume = parse_kv(str(new[opt]), "volume").get("volume", "")
-                if volume.startswith("/"):
-                    kind = "device" if volume.startswith("/dev/") else "bind"
-                    raise perm_error(f"mount point type {kind} is only allowed for root@pam")
-                sid = volume.split(":")[0] if ":" in volume else str(storage or "local")
-                acl.check(who, f"/storage/{sid}", ["Datastore.AllocateSpace"])
-        elif opt in ("memory", "swap"):
-            acl.check_vm_perm(who, vmid, pool, ["VM.Config.Memory"])
-        elif _NET_RE.match(opt):
-            acl.check_vm_perm(who, vmid, pool, ["VM.Config.Network"])
-            for value in ((old or {}).get(opt), None if deleting else new.get(opt)):
-                if value:
-                    net = parse_kv(str(value))
-                    if net.get("bridge"):
-                        acl.check_sdn_bridge(who, net["bridge"], net.get("tag"))
-        elif opt.startswith("dev"):
-            raise perm_error("configuring device passthrough is only allowed for root@pam")
-        elif opt in ("nameserver", "searchdomain", "hostname"):
-            acl.check_vm_perm(who, vmid, pool, ["VM.Config.Network"])
-        elif opt == "features":
-            raise perm_error("changing feature flags (except nesting) is only allowed for root@pam")
-        elif opt == "hookscript":
-            raise perm_error("changing the hookscript is only allowed for root@pam")
-        elif opt == "tags":
-            acl.check_vm_perm(who, vmid, None, ["VM.Config.Options"])
-        else:
-            acl.check_vm_perm(who, vmid, pool, ["VM.Config.Options"])
-
-    for opt in new:
-        one(opt, False)
-    for opt in delete:
-        one(opt, True)
-
-
-def _ct_list_entry(call: Call, vmid: int, ct: dict[str, Any]) -> dict[str, Any]:
-    entry = ct_stats(call, vmid, ct)
-    entry["vmid"] = vmid
-    return entry
 
 
 # --- index, create, read, destroy -------------------------------------------------------------
@@ -171,7 +73,7 @@ def vmlist(call: Call) -> list[dict[str, Any]]:
             if ct["node"] == call.node and call.acl.check(
                 call.authid, f"/vms/{vmid}", ["VM.Audit"], noerr=True
             ):
-                out.append(_ct_list_entry(call, vmid, ct))
+                out.append(ct_list_entry(call, vmid, ct))
     return out
 
 
@@ -227,7 +129,7 @@ def create_vm(call: Call) -> str:
             "hostname": f"CT{vmid}",
         }
         for key, value in new.items():
-            if _NET_RE.match(key):
+            if NET_RE.match(key):
                 conf[key] = normalize_net(str(value))
             elif key == "tags":
                 conf[key] = normalize_tags(str(value))
@@ -256,7 +158,7 @@ def create_vm(call: Call) -> str:
             if pool and pool in st2.pools and vmid not in st2.pools[pool]["vms"]:
                 st2.pools[pool]["vms"].append(vmid)
         if p.get("start"):
-            _do_start(call, ctx, vmid, skiplock=False)
+            do_start(call, ctx, vmid, skiplock=False)
 
     return start_task(call, "vzcreate", vmid, body)
 
@@ -398,130 +300,12 @@ def update_vm(call: Call) -> None:
                 raise fail(f"unable to modify read-only option: '{opt}'")
             if opt == "tags":
                 conf[opt] = normalize_tags(str(value))
-            elif _NET_RE.match(opt):
+            elif NET_RE.match(opt):
                 conf[opt] = normalize_net(str(value))
             else:
                 conf[opt] = stored(value)
         snapshot_conf = dict(conf)
     call.engine.apply_config(vmid, snapshot_conf)
-
-
-# --- status -----------------------------------------------------------------------------------
-
-
-@route("GET", "/nodes/{node}/lxc/{vmid}/status")
-def vmcmdidx(call: Call) -> list[dict[str, str]]:
-    with call.state.lock:
-        load_ct(call, call.params["vmid"])
-    return [{"subdir": s} for s in ("current", "start", "stop", "shutdown", "reboot", "suspend", "resume")]
-
-
-@route("GET", "/nodes/{node}/lxc/{vmid}/status/current")
-def vm_status(call: Call) -> dict[str, Any]:
-    vmid = int(call.params["vmid"])
-    with call.state.lock:
-        ct = load_ct(call, vmid)
-        entry = _ct_list_entry(call, vmid, ct)
-    entry["ha"] = {"managed": 0}
-    if entry["status"] == "running":  # PVE: df of the running CT's root; 0 when stopped
-        entry["disk"] = call.engine.disk_used(vmid)
-    return entry
-
-
-def _skiplock(call: Call) -> bool:
-    skip = bool(call.params.get("skiplock"))
-    if skip and call.authid != ROOT:
-        raise param_error({"skiplock": "Only root may use this option."})
-    return skip
-
-
-def _do_start(call: Call, ctx: TaskContext, vmid: int, skiplock: bool) -> None:
-    with call.state.lock:
-        conf = dict(load_ct(call, vmid)["config"])
-    if conf.get("template"):
-        raise TaskError("you can't start a CT if it's a template")
-    if not skiplock:
-        check_lock(conf)
-    with call.state.lock:  # the CT's firewall is in force before it runs (also after a node reboot)
-        call.core.after_change()
-    public = call.engine.start(vmid, conf)
-    try:
-        ctx.fault_point()
-    except TaskError:
-        call.engine.stop(vmid)
-        raise
-    # the hookscript's post-start: the caps (hookcaps); PVE only warns when it fails
-    published = call.engine.post_start(vmid, conf)
-    applied = published.applied
-    if applied is None:
-        ctx.log(f"hookscript error for {vmid} on post-start: the caps were not applied")
-    with call.mutate() as st:
-        ct = st.ct(vmid)
-        if ct is not None:
-            ct["status"] = "running"
-            ct["started"] = time.time()
-            if hostkey_of(ct["config"].get("description")) != public:
-                ct["config"]["description"] = with_hostkey(ct["config"].get("description"), public)
-            if applied_of(ct["config"].get("description")) != applied:
-                ct["config"]["description"] = with_applied(ct["config"].get("description"), applied)
-            # as on PVE, where the script writes the config itself: its refusal stays, a former one goes
-            if published_line(ct["config"].get("description"), REFUSED_PREFIX) != published.refused:
-                ct["config"]["description"] = with_applied(
-                    ct["config"].get("description"), published.refused, REFUSED_PREFIX
-                )
-
-
-@route("POST", "/nodes/{node}/lxc/{vmid}/status/start")
-def vm_start(call: Call) -> str:
-    vmid = int(call.params["vmid"])
-    skiplock = _skiplock(call)
-    with call.state.lock:
-        load_ct(call, vmid)
-        if call.engine.is_running(vmid):
-            raise fail(f"CT {vmid} already running")
-    return start_task(call, "vzstart", vmid, lambda ctx: _do_start(call, ctx, vmid, skiplock))
-
-
-def _stopper(call: Call, vmid: int, skiplock: bool, timeout: float | None) -> Any:
-    def body(ctx: TaskContext) -> None:
-        with call.state.lock:
-            conf = dict(load_ct(call, vmid)["config"])
-        if not skiplock:
-            check_lock(conf)
-        if timeout is None:
-            call.engine.stop(vmid)
-        else:
-            call.engine.shutdown(vmid, timeout)
-        ctx.fault_point()
-        with call.mutate() as st:
-            ct = st.ct(vmid)
-            if ct is not None:
-                ct["status"] = "stopped"
-                ct.pop("started", None)
-
-    return body
-
-
-@route("POST", "/nodes/{node}/lxc/{vmid}/status/stop")
-def vm_stop(call: Call) -> str:
-    vmid = int(call.params["vmid"])
-    skiplock = _skiplock(call)
-    with call.state.lock:
-        load_ct(call, vmid)
-        if not call.engine.is_running(vmid):
-            raise fail(f"CT {vmid} not running")
-    return start_task(call, "vzstop", vmid, _stopper(call, vmid, skiplock, None))
-
-
-@route("POST", "/nodes/{node}/lxc/{vmid}/status/shutdown")
-def vm_shutdown(call: Call) -> str:
-    vmid = int(call.params["vmid"])
-    with call.state.lock:
-        load_ct(call, vmid)
-        if not call.engine.is_running(vmid):
-            raise fail(f"CT {vmid} not running")
-    timeout = float(call.params.get("timeout", 60))
-    return start_task(call, "vzshutdown", vmid, _stopper(call, vmid, False, timeout))
 
 
 # --- clone, template, resize, interfaces ------------------------------------------------------
@@ -567,13 +351,13 @@ def clone_vm(call: Call) -> str:
         for opt, value in sorted(src.items()):
             if opt.startswith("unused") or opt in ("lock", "template", "parent", "snaptime", "snapstate"):
                 continue
-            if opt == "rootfs" or _DISK_RE.match(opt):
+            if opt == "rootfs" or DISK_RE.match(opt):
                 sid = parse_kv(str(value), "volume").get("volume", "").split(":")[0]
                 call.acl.check(who, f"/storage/{storage or sid}", ["Datastore.AllocateSpace"])
                 if full and not snapname and call.engine.is_running(vmid):
                     raise fail("Full clone of a running container is only possible from a snapshot")
                 newconf[opt] = value
-            elif _NET_RE.match(opt):
+            elif NET_RE.match(opt):
                 newconf[opt] = normalize_net(str(value), new_mac=True)
                 bridge = parse_kv(newconf[opt]).get("bridge")
                 if bridge:

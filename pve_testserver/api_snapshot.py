@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .api_lxc import check_lock, load_ct, start_task
 from .core import Call, route
+from .ctchecks import check_lock, load_ct, start_task
 from .errors import fail
 from .tasks import TaskContext, TaskError
 

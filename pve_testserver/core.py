@@ -156,6 +156,7 @@ class Core:
             api_cluster,
             api_firewall,
             api_lxc,
+            api_lxc_status,
             api_snapshot,
             api_tasks,
         )

@@ -42,6 +42,8 @@ class Published:
 
     applied: str | None = None
     refused: str | None = None
+
+
 # roles/proxmox_hookscript/defaults/main.yml (proxmox_hookscript_*_ceiling) and the script's defaults
 DEFAULT_CEILINGS = {"pids_max": 65536, "disk_mbps": 10000, "disk_iops": 1000000}
 _CAPS = re.compile(r"pids_max=(\d{1,9}) disk_mbps=(\d{1,9}) disk_iops=(\d{1,9})\s*")

@@ -28,7 +28,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mappi
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .errors import ConfigError, SandboxError
-from .limits import DEFAULT_DOWNLOAD_MAX_BYTES, DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
 from .models import (
     DEFAULT_CPUS,
     DEFAULT_DISK_GB,
@@ -42,6 +41,7 @@ from .models import (
     SnapshotInfo,
     VolumeMount,
 )
+from .output_limits import DEFAULT_DOWNLOAD_MAX_BYTES, DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
 
 if TYPE_CHECKING:
     from .files import Files

@@ -22,11 +22,11 @@ from .cli_template import add_template_command, template_command
 from .cli_volumes import VOLUME_HELP, add_volume_command, parse_volume_flags, volume_command
 from .config import Settings
 from .errors import ConfigError, SandboxError
-from .limits import HTTP_LIMITS
 from .manager import Manager
 from .models import DEFAULT_CPUS, DEFAULT_DISK_GB, DEFAULT_MEMORY_MB, SandboxRecord
 from .policy import DoorPolicy
 from .sandbox import Sandbox
+from .web.limits import HTTP_LIMITS
 
 __all__ = ["main"]
 
@@ -495,7 +495,7 @@ class _Cli:
         raise ConfigError(f"unknown command {a.cmd!r}")
 
     def serve(self) -> int:
-        from .http_api import load_token, serve
+        from .web.server import load_token, serve
 
         a = self.args
         # a missing, weak or unsafe token, or a bad limit, is a usage error before anything starts
@@ -538,9 +538,9 @@ class _Cli:
         return DoorPolicy.of(mgr, door=door, allow_root=a.allow_root, allow_uncapped=a.allow_uncapped)
 
     def mcp(self) -> int:
-        from .api.mcp import McpOptions, SandboxMcp
-        from .api.mcp_transport import serve_http, serve_stdio
-        from .http_api import load_token
+        from .mcp.server import McpOptions, SandboxMcp
+        from .mcp.transport import serve_http, serve_stdio
+        from .web.server import load_token
 
         a = self.args
         options = McpOptions(  # bad options and a missing or unsafe token fail before anything starts

@@ -9,8 +9,8 @@ from typing import Literal, Protocol, overload
 
 from .background import BackgroundProcess, list_processes
 from .execution import Command, ExecStream
-from .limits import DEFAULT_MAX_OUTPUT
 from .models import ExecResult, ProcessInfo
+from .output_limits import DEFAULT_MAX_OUTPUT
 
 __all__ = ["Commands", "Runs"]
 

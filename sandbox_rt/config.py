@@ -16,6 +16,7 @@ from typing import Any
 from .caps import DEFAULT_DISK_IOPS, DEFAULT_DISK_MBPS, DEFAULT_NET_MBPS
 from .errors import ConfigError
 from .models import DEFAULT_TEMPLATE
+from .template_registry import built_containers, built_vmids
 from .validation import NODE_NAME, check_template_name
 
 __all__ = ["DEFAULT_HOST_CONFIG", "Settings"]
@@ -206,15 +207,11 @@ class Settings:
     def pve_template_vmids(self) -> dict[str, int]:
         """Named template -> VMID of its CT template on Proxmox VE: host.json's ``pve_templates``
         and the ones built from code (``<state_dir>/templates.json``, read live)."""
-        from .templates.registry import built_vmids
-
         return {**built_vmids(self.state_dir), **self.pve_templates}
 
     def lxc_templates(self) -> dict[str, str]:
         """Named template -> container: host.json's ``templates`` and the ones built from code
         (``<state_dir>/templates.json``, read live: a build in another process counts at once)."""
-        from .templates.registry import built_containers
-
         return {**built_containers(self.state_dir, "lxc"), **self.templates}
 
     def check_template(self, name: str) -> None:

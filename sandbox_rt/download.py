@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from typing import IO, Protocol
 
 from .errors import FileOperationError
-from .limits import DOWNLOAD_MAX_DEPTH, DOWNLOAD_MAX_ENTRIES
+from .output_limits import DOWNLOAD_MAX_DEPTH, DOWNLOAD_MAX_ENTRIES
 from .ssh.files import check_entry_name
 
 __all__ = ["FileSource", "download_file", "download_tree"]

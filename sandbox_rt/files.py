@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from .errors import ConfigError, FileOperationError
-from .limits import DEFAULT_DOWNLOAD_MAX_BYTES, DEFAULT_READ_MAX_BYTES
 from .models import EntryInfo, EntryType, ExecResult
+from .output_limits import DEFAULT_DOWNLOAD_MAX_BYTES, DEFAULT_READ_MAX_BYTES
 from .ssh import SSHExecutor
 from .ssh.files import check_entry_name
 from .validation import check_remote_path

@@ -21,8 +21,8 @@ from .errors import ConfigError, ExecError, FileOperationError, SandboxError
 from .execution import Command, ExecStream, command_text, result_of
 from .files import Files
 from .forward import PortForward
-from .limits import DEFAULT_DOWNLOAD_MAX_BYTES, DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
 from .models import ExecResult, SandboxRecord, SandboxStatus, SnapshotInfo
+from .output_limits import DEFAULT_DOWNLOAD_MAX_BYTES, DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
 from .pty import Pty
 from .ssh import SSHExecutor
 from .validation import (

@@ -13,7 +13,6 @@ import httpx
 
 from ..aio import Pending
 from ..errors import SandboxError, SandboxNotFound
-from ..limits import DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
 from ..models import (
     DEFAULT_CPUS,
     DEFAULT_DISK_GB,
@@ -26,6 +25,7 @@ from ..models import (
     SnapshotInfo,
     VolumeMount,
 )
+from ..output_limits import DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
 from . import calls, error_map, events, wire
 from .error_map import ErrorContext
 from .files import AsyncRemoteFiles

@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ..errors import BackendError, ConfigError
-from ..limits import MAX_NAME_BYTES
 from ..models import (
     DEFAULT_TEMPLATE,
     EntryInfo,
@@ -29,6 +28,7 @@ from ..models import (
     SandboxStatus,
     SnapshotInfo,
 )
+from ..output_limits import MAX_NAME_BYTES
 from ..validation import MAX_EGRESS_ENTRIES, TEMPLATE_NAME, check_sandbox_id, check_snapshot_name
 
 __all__ = [

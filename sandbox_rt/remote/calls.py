@@ -10,9 +10,9 @@ import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from ..api_token import check_token, is_loopback, load_token  # the server's token rules, shared
 from ..errors import ConfigError
 from ..files import LIST_MAX_ENTRIES, MAX_LIST_DEPTH
-from ..limits import DEFAULT_READ_MAX_BYTES
 from ..models import (
     EntryInfo,
     ExecResult,
@@ -22,6 +22,7 @@ from ..models import (
     SnapshotInfo,
     VolumeMount,
 )
+from ..output_limits import DEFAULT_READ_MAX_BYTES
 from ..validation import (
     MAX_TTL_S,
     check_max_bytes,
@@ -32,7 +33,6 @@ from ..validation import (
     check_timeout,
 )
 from ..volumes import check_mounts
-from ..web.tokens import check_token, is_loopback, load_token  # the server's token rules, reused
 from . import answers, wire
 from .error_map import ErrorContext
 from .wire import Call

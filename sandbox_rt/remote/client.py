@@ -12,7 +12,6 @@ from typing import Any, Literal, TypeVar, overload
 import httpx
 
 from ..errors import SandboxError, SandboxNotFound
-from ..limits import DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
 from ..models import (
     DEFAULT_CPUS,
     DEFAULT_DISK_GB,
@@ -25,6 +24,7 @@ from ..models import (
     SnapshotInfo,
     VolumeMount,
 )
+from ..output_limits import DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
 from . import calls, error_map, events, wire
 from .error_map import ErrorContext
 from .files import RemoteFiles

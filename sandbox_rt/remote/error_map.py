@@ -30,7 +30,7 @@ from ..errors import (
     VolumeNotAllowed,
     VolumeNotFound,
 )
-from ..limits import DEFAULT_MAX_OUTPUT
+from ..output_limits import DEFAULT_MAX_OUTPUT
 from .answers import MAX_MESSAGE, STEP, read_b64
 
 __all__ = ["ErrorContext", "answer_error", "error_from_answer"]

@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 from ..errors import FileOperationError
 from ..files import LIST_MAX_ENTRIES
-from ..limits import DEFAULT_READ_MAX_BYTES
 from ..models import EntryInfo
+from ..output_limits import DEFAULT_READ_MAX_BYTES
 from . import calls
 from .wire import Call
 

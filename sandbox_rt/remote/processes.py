@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from ..errors import CommandTimeout, ConfigError
-from ..limits import DEFAULT_MAX_OUTPUT
 from ..models import ExecResult, ProcessInfo
+from ..output_limits import DEFAULT_MAX_OUTPUT
 from ..validation import check_max_bytes, check_timeout
 from . import calls
 from .wire import Call

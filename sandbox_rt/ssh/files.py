@@ -35,7 +35,7 @@ from typing import IO, Literal, Protocol
 import paramiko
 
 from ..errors import FileOperationError
-from ..limits import FILE_IDLE_TIMEOUT_S, MAX_NAME_BYTES
+from ..output_limits import FILE_IDLE_TIMEOUT_S, MAX_NAME_BYTES
 from .mounts import Mount, mount_of, mount_points
 
 __all__ = [

@@ -18,8 +18,8 @@ import shlex
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from ..limits import DEFAULT_MAX_OUTPUT
 from ..models import OutputChunk
+from ..output_limits import DEFAULT_MAX_OUTPUT
 
 __all__ = ["ChunkSink", "Demux", "Markers", "StreamName"]
 

@@ -39,7 +39,7 @@ from paramiko.sftp import (
     SFTP_PERMISSION_DENIED,
 )
 
-from ..limits import SFTP_MAX_PACKET
+from ..output_limits import SFTP_MAX_PACKET
 from .mounts import MOUNTINFO, MOUNTINFO_MAX, Mount, parse_mountinfo
 
 __all__ = [
@@ -200,7 +200,7 @@ def make_transport(
 class BoundedSFTPClient(paramiko.SFTPClient):
     """paramiko's SFTP client, bounded against a lying server:
 
-    - replies larger than :data:`~sandbox_rt.limits.SFTP_MAX_PACKET` are refused (paramiko reads
+    - replies larger than :data:`~sandbox_rt.output_limits.SFTP_MAX_PACKET` are refused (paramiko reads
       any size below 16 MiB into memory);
     - a NAME or ATTRS reply whose counts promise more than its bytes hold is refused: paramiko pads
       a short reply with zeros, so an extended-attribute count of 2**32 - 1 in one ``stat`` answer

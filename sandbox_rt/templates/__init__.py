@@ -4,9 +4,9 @@
 Importing this package does not import pyinfra (the ``templates`` extra): only a build does.
 """
 
+from ..template_registry import BuiltTemplate, TemplateRegistry
 from .build import BuildResult, build_template, list_templates, remove_template
 from .definition import Template
-from .registry import BuiltTemplate, TemplateRegistry
 
 __all__ = [
     "BuildResult",

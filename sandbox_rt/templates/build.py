@@ -6,7 +6,8 @@
    the package sources the steps need; the steps run as pyinfra operations over the runtime's own SSH
    connection (:mod:`.ops`, :mod:`.connector`), each operation's output streamed to ``on_log``.
 3. The sandbox stops; the hardening checks read its delta (:mod:`.checks`); the delta over the base
-   becomes a template container (:mod:`.lxc_store`), recorded in the registry (:mod:`.registry`).
+   becomes a template container (:mod:`.lxc_store`), recorded in the registry
+   (:mod:`sandbox_rt.template_registry`).
 Any failure or interrupt: the build sandbox is destroyed and no template is recorded.
 
 On Proxmox VE (:mod:`.pve_store`) the same build sandbox (its egress names resolved on this machine:
@@ -21,25 +22,51 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError, SandboxError, StateConflict
-from ..models import DEFAULT_TEMPLATE
+from ..models import DEFAULT_TEMPLATE, SnapshotInfo
+from ..template_registry import BuiltTemplate, TemplateRegistry
 from ..validation import check_template_name
 from .cache import cache_key
 from .definition import Template
-from .registry import BuiltTemplate, TemplateRegistry
 
 if TYPE_CHECKING:
-    from ..manager import Manager
+    from ..backends.base import Backend
+    from ..config import Settings
     from ..sandbox import Sandbox
 
-__all__ = ["BUILD_LABEL", "BuildResult", "build_template", "list_templates", "remove_template", "users_of"]
+__all__ = [
+    "BUILD_LABEL",
+    "BuildResult",
+    "ManagerLike",
+    "build_template",
+    "list_templates",
+    "remove_template",
+    "users_of",
+]
 
 BUILD_LABEL = "template-build"  # the build sandbox's label (its value: the template's name)
 BUILD_TTL_S = 4 * 3600  # a build sandbox left by a crashed builder is reaped by gc after this
 BUILD_MEMORY_MB = 2048
 Log = Callable[[str], None]
+
+
+class ManagerLike(Protocol):
+    """What a build needs of the :class:`sandbox_rt.Manager` that runs it: templates sit below the
+    manager (``Manager.build_template`` calls :func:`build_template` with itself) and never import it."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def backend(self) -> Backend: ...
+
+    def create(self, *args: Any, **kwargs: Any) -> Sandbox: ...
+
+    def destroy(self, sandbox_id: str) -> None: ...
+
+    def list_snapshots(self) -> list[SnapshotInfo]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,14 +82,14 @@ class BuildResult:
         return self.template.name
 
 
-def _backend_check(manager: Manager) -> None:
+def _backend_check(manager: ManagerLike) -> None:
     if manager.settings.backend not in ("lxc", "proxmox"):
         raise ConfigError(
             f"building templates from code is not available on backend {manager.settings.backend!r}"
         )
 
 
-def _check_name(manager: Manager, name: str) -> None:
+def _check_name(manager: ManagerLike, name: str) -> None:
     check_template_name(name)
     if name == DEFAULT_TEMPLATE:
         raise ConfigError(f"{DEFAULT_TEMPLATE!r} is the host's default template, not a name to build")
@@ -70,7 +97,7 @@ def _check_name(manager: Manager, name: str) -> None:
         raise ConfigError(f"template {name!r} is the inventory's (host.json templates): choose another name")
 
 
-def users_of(manager: Manager, name: str) -> list[str]:
+def users_of(manager: ManagerLike, name: str) -> list[str]:
     """The sandboxes and snapshots made from template ``name`` (they need its files)."""
     users = [f"sandbox {r.id}" for r in manager.backend.list() if r.spec.template == name]
     with contextlib.suppress(ConfigError):  # a backend without snapshots has none
@@ -78,14 +105,16 @@ def users_of(manager: Manager, name: str) -> list[str]:
     return users
 
 
-def _refuse_if_used(manager: Manager, name: str, doing: str) -> None:
+def _refuse_if_used(manager: ManagerLike, name: str, doing: str) -> None:
     users = users_of(manager, name)
     if users:
         shown = ", ".join(users[:10]) + (f" and {len(users) - 10} more" if len(users) > 10 else "")
         raise StateConflict(f"cannot {doing} template {name!r}: in use by {shown}")
 
 
-def _build_sandbox(manager: Manager, template: Template, name: str, egress: list[str], log: Log) -> Sandbox:
+def _build_sandbox(
+    manager: ManagerLike, template: Template, name: str, egress: list[str], log: Log
+) -> Sandbox:
     """The build sandbox: root on request, the base template, the build's egress list, a TTL after
     which gc reaps it if the builder crashed, and the build's label."""
     return manager.create(
@@ -100,7 +129,7 @@ def _build_sandbox(manager: Manager, template: Template, name: str, egress: list
 
 
 def build_template(
-    manager: Manager,
+    manager: ManagerLike,
     template: Template,
     name: str,
     *,
@@ -170,12 +199,12 @@ def build_template(
     return BuildResult(entry, False, took)
 
 
-def list_templates(manager: Manager) -> list[BuiltTemplate]:
+def list_templates(manager: ManagerLike) -> list[BuiltTemplate]:
     """The templates built from code on this host, by name."""
     return sorted(TemplateRegistry(manager.settings.state_dir).read().values(), key=lambda e: e.name)
 
 
-def remove_template(manager: Manager, name: str) -> BuiltTemplate:
+def remove_template(manager: ManagerLike, name: str) -> BuiltTemplate:
     """Remove a built template; StateConflict while sandboxes or snapshots use it, ConfigError if
     there is no built template of that name (the inventory's are site.yml's to remove)."""
     from .lxc_store import remove_container
@@ -203,7 +232,9 @@ def remove_template(manager: Manager, name: str) -> BuiltTemplate:
     return entry
 
 
-def _build_on_pve(manager: Manager, template: Template, name: str, log: Log, skip_cache: bool) -> BuildResult:
+def _build_on_pve(
+    manager: ManagerLike, template: Template, name: str, log: Log, skip_cache: bool
+) -> BuildResult:
     """The Proxmox VE build (module docstring; the API side: :mod:`.pve_store`)."""
     from ..backends.proxmox import ProxmoxBackend
     from . import pve_store
@@ -299,7 +330,7 @@ def _build_on_pve(manager: Manager, template: Template, name: str, log: Log, ski
 
 
 def _discard_pve_build(
-    manager: Manager, admin: object, sandbox_id: str, node: str, vmid: int | None, log: Log
+    manager: ManagerLike, admin: object, sandbox_id: str, node: str, vmid: int | None, log: Log
 ) -> None:
     """Remove the build CT: by its id while the runtime still finds it (tagged), else by VMID with
     the admin token (untagged, out of the pool, or converted already)."""

@@ -31,8 +31,8 @@ from ..backends.lxc.idmap import ID_RANGE
 from ..config import Settings
 from ..errors import BackendError, ConfigError, TemplateBuildError
 from ..models import DEFAULT_TEMPLATE
+from ..template_registry import BuiltTemplate
 from .checks import check_layer, strip_build_state
-from .registry import BuiltTemplate
 
 __all__ = ["apply_layer", "base_identity", "commit_build", "container_name", "remove_container"]
 

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Settings
 from ..errors import BackendError, ConfigError, PermissionDenied, SandboxError, StateConflict
+from ..template_registry import BuiltTemplate
 from ..validation import split_egress
-from .registry import BuiltTemplate
 
 if TYPE_CHECKING:
     from ..backends.proxmox import ProxmoxBackend

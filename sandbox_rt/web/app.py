@@ -1,7 +1,7 @@
 """The native HTTP API as an ASGI app: FastAPI with :mod:`.native`'s routes behind the
 :class:`~.gate.Gate`, and the handlers that answer every error as ``{"error": {...}}``.
 
-``build_app(manager, token=..., limits=...)`` is what :class:`sandbox_rt.http_api.ApiServer` serves;
+``build_app(manager, token=..., limits=...)`` is what :class:`sandbox_rt.web.server.ApiServer` serves;
 :func:`openapi_document` is its document without a server.
 """
 
@@ -25,12 +25,12 @@ from .. import __version__
 from ..caps import pid_budget, read_pid_max
 from ..config import Settings
 from ..errors import ConnectionLost, SandboxError, SandboxNotFound
-from ..limits import HTTP_LIMITS, HttpLimits
 from ..policy import DoorPolicy
 from . import native, processes, schemas
 from .bodies import describe_errors
 from .errors import HttpError, error_for
 from .gate import Gate
+from .limits import HTTP_LIMITS, HttpLimits
 from .native import PUBLIC_PATHS
 from .openapi import NATIVE_LINKS, build_document, size_text
 from .params import Context

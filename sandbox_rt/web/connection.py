@@ -1,5 +1,5 @@
 """One connection of the HTTP transport (:mod:`sandbox_rt.web.transport`): uvicorn's h11 protocol
-with the limits of :class:`~sandbox_rt.limits.HttpLimits` kept per connection.
+with the limits of :class:`~sandbox_rt.web.limits.HttpLimits` kept per connection.
 
 uvicorn alone keeps none of these limits the way the API promises them: a new connection has no
 head deadline at all, a connection over ``limit_concurrency`` gets plain text, an oversized head a
@@ -57,7 +57,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
-from ..limits import HttpLimits
+from .limits import HttpLimits
 from .slots import Slots
 
 __all__ = ["HEAD_STARTED", "Census", "Credentials", "HttpProtocol"]

@@ -1,5 +1,5 @@
 """The gate every HTTP request passes before its route: the bearer token, the body limits and
-deadlines of :class:`~sandbox_rt.limits.HttpLimits`, and the request log line.
+deadlines of :class:`~sandbox_rt.web.limits.HttpLimits`, and the request log line.
 
 A request without a valid token (to any route but the public ones) is answered 401 without its body
 being read when that body is larger than ``max_unauth_body_bytes`` (the connection is then
@@ -22,8 +22,8 @@ from collections.abc import Callable, Collection, Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..limits import HttpLimits
 from .errors import HttpError
+from .limits import HttpLimits
 from .transport import HEAD_STARTED  # when the request's first byte came (the transport sets it)
 
 __all__ = ["HEAD_STARTED", "Gate"]

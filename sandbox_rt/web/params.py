@@ -10,12 +10,12 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Path, Query, Request
 from pydantic import AfterValidator, BaseModel
 
-from ..limits import HttpLimits
 from ..policy import DoorPolicy
 from ..validation import check_sandbox_id, check_snapshot_name
 from ..volumes import check_volume_name
 from . import schemas as s
 from .bodies import check_json_media_type, parse_body
+from .limits import HttpLimits
 from .runtime import ManagerLike, SandboxCache
 
 __all__ = [

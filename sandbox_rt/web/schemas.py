@@ -12,7 +12,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..caps import MAX_DISK_IOPS, MAX_DISK_MBPS, MAX_NET_MBPS
-from ..limits import DEFAULT_MAX_OUTPUT
 from ..models import (
     DEFAULT_CPUS,
     DEFAULT_DISK_GB,
@@ -23,6 +22,7 @@ from ..models import (
     SnapshotInfo,
     VolumeInfo,
 )
+from ..output_limits import DEFAULT_MAX_OUTPUT
 from ..validation import (
     MAX_DISK_GB,
     MAX_EGRESS_ENTRIES,

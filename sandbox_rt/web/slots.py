@@ -27,7 +27,7 @@ import logging
 import time
 from typing import Protocol
 
-from ..limits import HttpLimits
+from .limits import HttpLimits
 
 __all__ = ["Occupant", "Slots"]
 

@@ -1,7 +1,7 @@
 """The HTTP transport under the ASGI apps: :class:`HttpService` serves one or more :class:`Site`
 (an address and its app) on one event loop in one thread, each connection through the hardened
 uvicorn h11 protocol of :mod:`sandbox_rt.web.connection` (the limits of
-:class:`~sandbox_rt.limits.HttpLimits`), all sites sharing one table of connection slots
+:class:`~sandbox_rt.web.limits.HttpLimits`), all sites sharing one table of connection slots
 (:mod:`sandbox_rt.web.slots`: a connection without the token gives way to a new one).
 
 What the service relies on in uvicorn (0.54; tests/unit/test_web_transport.py fails if an upgrade
@@ -33,8 +33,8 @@ from starlette.types import ASGIApp
 from uvicorn.server import ServerState
 
 from ..errors import ConfigError
-from ..limits import HTTP_LIMITS, HttpLimits
 from .connection import HEAD_STARTED, Census, Credentials, HttpProtocol
+from .limits import HTTP_LIMITS, HttpLimits
 
 __all__ = ["HEAD_STARTED", "Credentials", "HttpService", "Site"]
 
@@ -115,7 +115,7 @@ class HttpService:
         self, sites: Sequence[Site], *, limits: HttpLimits = HTTP_LIMITS, name: str = "sandbox-rt-http"
     ) -> None:
         if not isinstance(limits, HttpLimits):
-            raise ConfigError(f"limits={limits!r} must be a sandbox_rt.limits.HttpLimits")
+            raise ConfigError(f"limits={limits!r} must be a sandbox_rt.web.limits.HttpLimits")
         self._sites = tuple(sites)
         if not self._sites:
             raise ConfigError("an HTTP service needs at least one site")

@@ -126,7 +126,7 @@ CONTROLS: tuple[Control, ...] = (
        "`sshd -T` lists only the ed25519 key; the key served is the one the runtime pinned; "
        "an unknown key is rejected",
        (), "roles/sandbox_template/templates/sshd_config.j2", _LXC_IDENTITY + " (seed_identity)",
-       "sandbox_rt/ssh/executor.py"),
+       "sandbox_rt/ssh/connection.py"),
     _c("SBX-SSH-06", "sshd session and auth limits",
        "`sshd -T`: maxsessions, maxstartups, maxauthtries, logingracetime as the role defaults, usedns no",
        (), "roles/sandbox_template/templates/sshd_config.j2"),

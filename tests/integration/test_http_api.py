@@ -18,8 +18,8 @@ import pytest
 import requests
 
 import sandbox_rt
-from sandbox_rt.http_api import ApiServer
-from sandbox_rt.limits import HttpLimits
+from sandbox_rt.web.limits import HttpLimits
+from sandbox_rt.web.server import ApiServer
 from tests.integration.prepared import labelled_manager
 
 pytestmark = pytest.mark.slow

@@ -36,7 +36,7 @@ from schemathesis.core import NotSet
 from schemathesis.schemas import BaseSchema
 
 import sandbox_rt
-from sandbox_rt.http_api import ApiServer
+from sandbox_rt.web.server import ApiServer
 from tests.http_contract import Steering, call_and_check, examples_per_operation, load_published_schema
 from tests.http_stateful import run_stateful, stateful_budget
 from tests.integration.prepared import check_prepared

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import requests
 
-from sandbox_rt.http_api import ApiServer
+from sandbox_rt.web.server import ApiServer
 from tests.integration.prepared import labelled_manager
 
 pytestmark = pytest.mark.slow

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from sandbox_rt.limits import HTTP_LIMITS
+from sandbox_rt.web.limits import HTTP_LIMITS
 from tests.integration.prepared import check_prepared
 from tests.integration.server_process import served
 

@@ -19,7 +19,7 @@ import requests
 
 import sandbox_rt
 from sandbox_rt import VolumeMount, remote
-from sandbox_rt.http_api import ApiServer
+from sandbox_rt.web.server import ApiServer
 from tests.integration.prepared import labelled_manager
 
 pytestmark = pytest.mark.slow

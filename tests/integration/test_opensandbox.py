@@ -26,8 +26,8 @@ from opensandbox.sync.manager import SandboxManagerSync
 from opensandbox.sync.sandbox import SandboxSync
 
 import sandbox_rt
-from sandbox_rt.http_api import ApiServer
 from sandbox_rt.web.opensandbox import state
+from sandbox_rt.web.server import ApiServer
 from tests.integration.prepared import labelled_manager
 
 pytestmark = pytest.mark.slow

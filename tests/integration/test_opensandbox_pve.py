@@ -27,10 +27,10 @@ from opensandbox.sync.manager import SandboxManagerSync
 from opensandbox.sync.sandbox import SandboxSync
 
 import sandbox_rt
-from pve_testserver.env import pve_test_server, real_pve_settings
-from sandbox_rt.http_api import ApiServer
+from sandbox_rt.web.server import ApiServer
 from tests.integration.prepared import check_prepared
 from tests.integration.provision_helpers import destroy_labelled
+from tests.pve_env import pve_test_server, real_pve_settings
 
 pytestmark = pytest.mark.slow
 

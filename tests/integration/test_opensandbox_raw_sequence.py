@@ -18,7 +18,7 @@ import pytest
 import requests
 
 import sandbox_rt
-from sandbox_rt.http_api import ApiServer
+from sandbox_rt.web.server import ApiServer
 from tests.integration.prepared import labelled_manager
 
 pytestmark = pytest.mark.slow

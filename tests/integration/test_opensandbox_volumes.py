@@ -23,7 +23,7 @@ from opensandbox.models.sandboxes import PVC, Host, Volume
 from opensandbox.sync.sandbox import SandboxSync
 
 import sandbox_rt
-from sandbox_rt.http_api import ApiServer
+from sandbox_rt.web.server import ApiServer
 from tests.integration.prepared import labelled_manager
 
 pytestmark = pytest.mark.slow

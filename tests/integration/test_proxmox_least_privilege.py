@@ -219,9 +219,9 @@ def test_the_full_role_runs_the_lifecycle(env: Env) -> None:
 def test_the_runtime_suite_grants_no_other_privilege() -> None:
     """tests/integration/runtime/pve_env.py grants the role's set (it reads the role's defaults); at most
     Datastore.Audit more, which no runtime call checks (the full-role lifecycle above runs without it)."""
-    from pve_testserver.env import AUDIT_PRIVILEGES as SUITE_AUDIT
-    from pve_testserver.env import PRIVILEGES as SUITE
-    from pve_testserver.env import TEMPLATE_PRIVILEGES as SUITE_TEMPLATE
+    from tests.pve_env import AUDIT_PRIVILEGES as SUITE_AUDIT
+    from tests.pve_env import PRIVILEGES as SUITE
+    from tests.pve_env import TEMPLATE_PRIVILEGES as SUITE_TEMPLATE
 
     assert set(PRIVILEGES) <= set(SUITE)
     assert set(SUITE) - set(PRIVILEGES) <= {"Datastore.Audit"}

@@ -18,10 +18,10 @@ import pytest
 
 import sandbox_rt
 from pve_testserver import LxcEngine, PVETestServer
-from pve_testserver.env import pve_cluster_test_server
 from sandbox_rt import Manager, Settings
 from sandbox_rt.errors import BackendError
 from tests.integration.provision_helpers import destroy_labelled
+from tests.pve_env import pve_cluster_test_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

@@ -13,10 +13,10 @@ import pytest
 from sandbox_rt import Manager
 from sandbox_rt.aio import AsyncManager
 from sandbox_rt.cli import _parser
-from sandbox_rt.http_openapi import openapi_document
 from sandbox_rt.models import SandboxSpec
 from sandbox_rt.remote import AsyncClient, Client
 from sandbox_rt.validation import make_spec
+from sandbox_rt.web.app import openapi_document
 
 FIELDS = ("cpus", "memory_mb", "disk_gb", "pids_max")
 SPEC = SandboxSpec()

@@ -15,13 +15,13 @@ import requests
 from mcp import Client
 
 from sandbox_rt import ConfigError, PolicyDenied, Settings, remote
-from sandbox_rt.api.mcp import McpOptions, SandboxMcp
 from sandbox_rt.caps import DEFAULT_DISK_IOPS, DEFAULT_DISK_MBPS, DEFAULT_NET_MBPS, MAX_DISK_MBPS
 from sandbox_rt.cli import _parser
-from sandbox_rt.http_api import ApiServer
+from sandbox_rt.mcp.server import McpOptions, SandboxMcp
 from sandbox_rt.policy import CAP_OPTIONS, DoorPolicy
 from sandbox_rt.web.opensandbox import lifecycle
 from sandbox_rt.web.opensandbox.mapping import plan_create
+from sandbox_rt.web.server import ApiServer
 from tests.unit import test_mcp_server as mcp_fakes
 from tests.unit.test_http_api import AUTH, TOKEN, FakeManager
 from tests.unit.test_opensandbox_lifecycle import KEY, LifecycleFake

@@ -20,8 +20,8 @@ from paramiko.sftp_attr import SFTPAttributes
 from sandbox_rt.download import download_tree
 from sandbox_rt.errors import ConnectionLost, FileOperationError
 from sandbox_rt.files import Files
-from sandbox_rt.limits import SFTP_MAX_PACKET
 from sandbox_rt.models import OutputChunk
+from sandbox_rt.output_limits import SFTP_MAX_PACKET
 from sandbox_rt.ssh import SSHExecutor
 from sandbox_rt.ssh.files import check_entry_name, read_script
 from sandbox_rt.ssh.markers import Demux, Markers
@@ -172,7 +172,7 @@ def test_read_exchange_refuses_a_size_line_that_is_not_a_number() -> None:
 def test_sftp_replies_larger_than_the_bound_are_refused_before_they_are_read() -> None:
     import paramiko
 
-    from sandbox_rt.limits import SFTP_MAX_PACKET
+    from sandbox_rt.output_limits import SFTP_MAX_PACKET
     from sandbox_rt.ssh.wire import BoundedSFTPClient
 
     client = object.__new__(BoundedSFTPClient)  # no channel: only the packet reader is exercised

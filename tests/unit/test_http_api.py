@@ -44,13 +44,12 @@ from sandbox_rt import (
     SandboxStatus,
     Settings,
 )
-from sandbox_rt.http_api import ApiServer, load_token, serve
-from sandbox_rt.http_openapi import openapi_document
 from sandbox_rt.models import ProcessInfo
 from sandbox_rt.validation import check_max_bytes, check_signal
 from sandbox_rt.web import schemas as web_schemas
-from sandbox_rt.web.app import ROUTERS
+from sandbox_rt.web.app import ROUTERS, openapi_document
 from sandbox_rt.web.native import PUBLIC_PATHS
+from sandbox_rt.web.server import ApiServer, load_token, serve
 
 TOKEN = "t0k-" + secrets.token_urlsafe(24)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -1053,7 +1052,7 @@ def test_serve_blocks_until_sigterm(tmp_path: Path) -> None:
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_http_api import FakeManager
-        from sandbox_rt.http_api import serve
+        from sandbox_rt.web.server import serve
         serve(FakeManager(), port=0, token={TOKEN!r},
               on_ready=lambda url: open({str(ready)!r}, "w").write(url))
         print("stopped cleanly")

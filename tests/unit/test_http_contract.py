@@ -52,9 +52,8 @@ from sandbox_rt import (
 )
 from sandbox_rt.execution import command_text
 from sandbox_rt.files import MAX_LIST_DEPTH
-from sandbox_rt.http_api import ApiServer
-from sandbox_rt.limits import DEFAULT_MAX_OUTPUT
 from sandbox_rt.models import EntryInfo, EntryType, ProcessInfo
+from sandbox_rt.output_limits import DEFAULT_MAX_OUTPUT
 from sandbox_rt.ssh.files import name_too_long
 from sandbox_rt.validation import (
     check_egress,
@@ -72,6 +71,7 @@ from sandbox_rt.validation import (
 )
 from sandbox_rt.volumes import VolumeStore
 from sandbox_rt.volumes.store import open_host_source
+from sandbox_rt.web.server import ApiServer
 from tests.http_contract import Steering, call_and_check, examples_per_operation, load_published_schema
 
 EXAMPLES = examples_per_operation(25)  # per operation and mode; the whole file stays well under a minute

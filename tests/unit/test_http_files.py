@@ -15,8 +15,8 @@ import requests
 from test_http_api import AUTH, TOKEN, FakeManager, FakeSandbox
 
 from sandbox_rt import BackendError, ConfigError, FileOperationError, remote
-from sandbox_rt.http_api import ApiServer
 from sandbox_rt.models import EntryInfo
+from sandbox_rt.web.server import ApiServer
 
 
 class FakeFiles:

@@ -30,9 +30,9 @@ from hypothesis import strategies as st
 from test_http_api import AUTH, TOKEN, FakeManager
 
 from sandbox_rt import ConfigError
-from sandbox_rt.http_api import ApiServer, load_token
-from sandbox_rt.http_openapi import openapi_document
-from sandbox_rt.limits import HTTP_LIMITS, HttpLimits
+from sandbox_rt.web.app import openapi_document
+from sandbox_rt.web.limits import HTTP_LIMITS, HttpLimits
+from sandbox_rt.web.server import ApiServer, load_token
 
 SHORT = 0.4  # seconds: the head, idle and I/O timeouts of the servers below
 WAIT = 10.0  # seconds: the most any answer below may take (a bound, never a pause)

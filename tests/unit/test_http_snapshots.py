@@ -11,8 +11,8 @@ import requests
 from test_http_api import AUTH, TOKEN, FakeManager
 
 from sandbox_rt import SandboxNotFound, SnapshotInfo, SnapshotNotFound, StateConflict
-from sandbox_rt.http_api import ApiServer
 from sandbox_rt.validation import check_snapshot_name
+from sandbox_rt.web.server import ApiServer
 
 
 class SnapshotManager(FakeManager):

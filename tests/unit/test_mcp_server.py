@@ -33,9 +33,9 @@ from sandbox_rt import (
     SandboxNotReady,
     SnapshotNotFound,
 )
-from sandbox_rt.api.mcp import McpOptions, SandboxMcp
-from sandbox_rt.api.mcp_sessions import SessionSandboxes
-from sandbox_rt.api.mcp_transport import BearerToken
+from sandbox_rt.mcp.server import McpOptions, SandboxMcp
+from sandbox_rt.mcp.sessions import SessionSandboxes
+from sandbox_rt.mcp.transport import BearerToken
 from sandbox_rt.models import EntryInfo, ExecResult, ResourceUsage, SandboxStatus, SnapshotInfo
 from sandbox_rt.policy import DoorPolicy
 

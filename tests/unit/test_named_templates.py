@@ -138,8 +138,8 @@ def test_lxc_unknown_template_fails_before_anything_is_made(tmp_path: Path) -> N
     with pytest.raises(BackendError, match=r"template 'base' \(tpl-base\) not found"):
         backend.clone("sbx-00000000c1", SandboxSpec(template="base"))
     assert not (tmp_path / "sbx-00000000c1").exists()
-    assert backend._template_dir("base") == tmp_path / "tpl-base"
-    assert backend._template_dir(DEFAULT_TEMPLATE) == tmp_path / "sandbox-template"
+    assert backend.templates.slot_dir("base") == tmp_path / "tpl-base"
+    assert backend.templates.slot_dir(DEFAULT_TEMPLATE) == tmp_path / "sandbox-template"
 
 
 def test_lxc_fork_takes_its_snapshots_template(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,8 +11,8 @@ import pytest
 from test_http_api import TOKEN, FakeManager
 from test_http_limits import closed_by_server, connect, read_answer
 
-from sandbox_rt.http_api import ApiServer
-from sandbox_rt.limits import HttpLimits
+from sandbox_rt.web.limits import HttpLimits
+from sandbox_rt.web.server import ApiServer
 
 KEY = {"OPEN-SANDBOX-API-KEY": TOKEN}
 

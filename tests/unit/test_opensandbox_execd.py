@@ -34,7 +34,6 @@ from opensandbox.models.sandboxes import NetworkRule, SandboxEndpoint
 from opensandbox.sync.adapters.factory import AdapterFactorySync
 
 from sandbox_rt import ConfigError, ExecResult
-from sandbox_rt.http_api import ApiServer
 from sandbox_rt.web.errors import HttpError
 from sandbox_rt.web.opensandbox import execd, state
 from sandbox_rt.web.opensandbox.egress_policy import Rule, merge_rules, remove_targets, rules_of, to_egress
@@ -43,6 +42,7 @@ from sandbox_rt.web.opensandbox.execd_models import octal_mode
 from sandbox_rt.web.opensandbox.execd_multipart import boundary_of, parse_multipart
 from sandbox_rt.web.opensandbox.execd_runtime import EGRESS_PREFIX, EXECD_PREFIX
 from sandbox_rt.web.opensandbox.execd_sessions import STATE_MAX, StateError, parse_state
+from sandbox_rt.web.server import ApiServer
 from tests.unit.execd_fake import LocalManager
 from tests.unit.test_http_api import TOKEN
 

@@ -26,12 +26,12 @@ from opensandbox.sync.manager import SandboxManagerSync
 from opensandbox.sync.sandbox import SandboxSync
 
 from sandbox_rt import ConfigError, SandboxNotFound, SandboxRecord, SandboxSpec, SnapshotInfo, StateConflict
-from sandbox_rt.http_api import ApiServer
 from sandbox_rt.validation import MAX_TTL_S, check_sandbox_id, check_snapshot_name, make_spec
 from sandbox_rt.web.opensandbox import state
 from sandbox_rt.web.opensandbox.lifecycle import LifecycleRuntime
 from sandbox_rt.web.opensandbox.lifecycle_models import NetworkPolicyBody
 from sandbox_rt.web.opensandbox.mapping import parse_cpu, parse_quantity, policy_egress, resource_kwargs
+from sandbox_rt.web.server import ApiServer
 from tests.unit.test_http_api import TOKEN, FakeManager, FakeSandbox
 
 KEY = {"OPEN-SANDBOX-API-KEY": TOKEN}

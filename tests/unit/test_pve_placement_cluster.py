@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 
-from pve_testserver import MemoryEngine, PVETestServer, env
+from pve_testserver import MemoryEngine, PVETestServer
 from sandbox_rt import Settings
 from sandbox_rt.backends.proxmox import ProxmoxBackend
 from sandbox_rt.cli import _parser
 from sandbox_rt.errors import BackendError, ConfigError
 from sandbox_rt.manager import Manager, new_sandbox_id
 from sandbox_rt.models import SandboxRecord, SandboxSpec
+from tests import pve_env as env
 from tests.unit.pve_fixtures import POOL, add_template, pve_settings
 
 NODES = ("pve1", "pve2", "pve3")

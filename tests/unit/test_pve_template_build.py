@@ -21,7 +21,16 @@ import pytest
 from proxmoxer.tools import Tasks
 
 from pve_testserver import PVETestServer
-from pve_testserver.env import (
+from sandbox_rt import ConfigError, Settings, Template
+from sandbox_rt.backends.proxmox import ProxmoxBackend
+from sandbox_rt.errors import BackendError, PermissionDenied, StateConflict, TemplateBuildError
+from sandbox_rt.manager import Manager, new_sandbox_id
+from sandbox_rt.models import ExecResult
+from sandbox_rt.template_registry import BuiltTemplate, TemplateRegistry
+from sandbox_rt.templates import ct_checks, ops, pve_store
+from sandbox_rt.templates.build import build_template, remove_template
+from sandbox_rt.validation import make_spec
+from tests.pve_env import (
     POOL,
     TEMPLATE_ROLE,
     TOKEN,
@@ -30,15 +39,6 @@ from pve_testserver.env import (
     runtime_settings,
     runtime_token,
 )
-from sandbox_rt import ConfigError, Settings, Template
-from sandbox_rt.backends.proxmox import ProxmoxBackend
-from sandbox_rt.errors import BackendError, PermissionDenied, StateConflict, TemplateBuildError
-from sandbox_rt.manager import Manager, new_sandbox_id
-from sandbox_rt.models import ExecResult
-from sandbox_rt.templates import ct_checks, ops, pve_store
-from sandbox_rt.templates.build import build_template, remove_template
-from sandbox_rt.templates.registry import BuiltTemplate, TemplateRegistry
-from sandbox_rt.validation import make_spec
 
 NODE = "pve"
 TEMPLATE_VMID = 9000

@@ -34,8 +34,8 @@ from sandbox_rt import (
     SnapshotNotFound,
     remote,
 )
-from sandbox_rt.http_api import ApiServer
 from sandbox_rt.models import OutputChunk
+from sandbox_rt.web.server import ApiServer
 from tests.unit.test_http_api import TOKEN, FakeManager, FakeSandbox
 
 SID = "sbx-0123456789"

@@ -25,9 +25,9 @@ from sandbox_rt import (
     SandboxNotFound,
     remote,
 )
-from sandbox_rt.http_api import ApiServer
 from sandbox_rt.models import ProcessInfo
 from sandbox_rt.remote import calls
+from sandbox_rt.web.server import ApiServer
 from tests.unit.test_http_api import TOKEN, FakeManager, FakeProcess
 from tests.unit.test_remote_client import SID, STATUS, mock_client
 

@@ -15,7 +15,7 @@ import pytest
 
 from sandbox_rt import ssh
 from sandbox_rt.errors import SandboxNotReady
-from sandbox_rt.ssh import executor as executor_module
+from sandbox_rt.ssh import connection as connection_module
 from sandbox_rt.ssh import wire
 
 
@@ -58,4 +58,4 @@ def test_an_unanswered_syn_is_sent_again_within_the_syn_timeout(
             conn.close()
     # with the kernel's retransmission alone there would be one attempt, answered after 1 s
     assert len(attempts) >= 3, attempts
-    assert attempts[0] == pytest.approx(executor_module._SYN_TIMEOUT_S)
+    assert attempts[0] == pytest.approx(connection_module._SYN_TIMEOUT_S)

@@ -183,20 +183,20 @@ def test_the_backend_tells_a_swapped_sandbox_and_resolves_live(tmp_path: Path) -
     _container(tmp_path, NEW)
     gen.switch(tmp_path, SLOT, OLD)
     backend = LxcBackend(Settings(lxc_path=tmp_path))
-    assert backend._current("default") == OLD
+    assert backend.templates.current("default") == OLD
     cdir = tmp_path / "sbx-0000000001"
     cdir.mkdir()
     write_record(cdir, _record(cdir.name), None, template_container=OLD)
     assert backend.template_is_current(_record(cdir.name)) is True
     gen.switch(tmp_path, SLOT, NEW)  # site.yml's switch: the same backend object sees it at once
-    assert backend._current("default") == NEW
+    assert backend.templates.current("default") == NEW
     assert backend.template_is_current(_record(cdir.name)) is False
     assert backend.prune_templates() == []  # the sandbox still uses OLD
     shutil.rmtree(cdir)
     assert backend.prune_templates() == [OLD]
     (tmp_path / SLOT).unlink()
     with pytest.raises(BackendError, match="not found"):
-        backend._current("default")
+        backend.templates.current("default")
 
 
 # -- the warm pool: no sandbox of a swapped generation is handed out ----------------------------------

@@ -17,8 +17,8 @@ import pytest
 from raw_http import WAIT, RawClient, head, poll
 from test_web_transport import App, assert_error, serving
 
-from sandbox_rt.limits import HttpLimits
 from sandbox_rt.web import slots
+from sandbox_rt.web.limits import HttpLimits
 from sandbox_rt.web.slots import Slots, address_key
 from sandbox_rt.web.transport import HttpService, Site
 

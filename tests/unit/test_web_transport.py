@@ -28,7 +28,7 @@ from raw_http import WAIT, RawClient, head, poll
 from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
 from sandbox_rt.errors import ConfigError
-from sandbox_rt.limits import HttpLimits
+from sandbox_rt.web.limits import HttpLimits
 from sandbox_rt.web.transport import HEAD_STARTED, HttpService, Site
 
 SHORT = 0.4  # seconds: the head, idle and I/O timeouts below
@@ -587,7 +587,7 @@ def test_a_port_in_use_is_a_config_error_and_nothing_stays_bound(app: App) -> No
         ([], LIMITS, "at least one site"),
         ([("127.0.0.1", 70000)], LIMITS, "must be a TCP port number"),
         ([("127.0.0.1", True)], LIMITS, "must be a TCP port number"),
-        ([("127.0.0.1", 0)], {"max_connections": 2}, "must be a sandbox_rt.limits.HttpLimits"),
+        ([("127.0.0.1", 0)], {"max_connections": 2}, "must be a sandbox_rt.web.limits.HttpLimits"),
     ],
 )
 def test_arguments_are_checked(app: App, sites: list[tuple[str, Any]], limits: Any, match: str) -> None:

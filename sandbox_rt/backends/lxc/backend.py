@@ -40,7 +40,10 @@ from .background import Background
 from .btrfs import create_subvolume, set_size_limit
 from .cgroups import CGROUP_MOUNT, CGROUP_ROOT, Cgroups
 from .container import (
+    ISOLATION_KEYS,
+    LIMIT_KEYS,
     RECORD_FILE,
+    RUNTIME_KEYS,
     config_lines,
     config_value,
     id_base,
@@ -49,8 +52,7 @@ from .container import (
     rootfs_dirs,
     write_record,
 )
-from .fstree import rewrite_file_beneath, tree_bytes
-from .generations import legacy, prune, resolve
+from .fstree import tree_bytes
 from .hostcaps import (
     HostLoad,
     allowed_cpus,
@@ -61,36 +63,16 @@ from .hostcaps import (
     read_pid_max,
     storage_device,
 )
-from .identity import Overlay, hosts_file, seed_identity
+from .identity import Overlay, seed_identity, set_hostname
 from .idmap import ID_RANGE, idmapped_bind, isolated_base, own_ids, unmount
 from .netstate import NetState, SandboxNet
 from .snapshots import SnapshotStore, fill_clone
-from .userinit import INIT_KEYS, SandboxUser, init_lines, read_limits, read_user
+from .template_slots import TemplateSlots
+from .userinit import SandboxUser, init_lines, read_limits, read_user
 from .volumes import attach_volumes, detach_volumes, mount_entries
 
 __all__ = ["LxcBackend"]
 
-# config keys the runtime writes per clone (whatever the template had for them is replaced)
-_OURS = (
-    "lxc.uts.name",
-    "lxc.net.0.link",
-    "lxc.net.0.ipv4.",
-    "lxc.net.0.hwaddr",
-    "lxc.net.0.veth.pair",
-    "lxc.cgroup.memory.",
-    "lxc.cgroup.pids.",
-    "lxc.cgroup.cpu.",
-    "lxc.cgroup2.memory.",
-    "lxc.cgroup2.pids.",
-    "lxc.cgroup2.cpu.",
-    "lxc.cgroup.cpuset.",
-    "lxc.cgroup2.cpuset.",
-    "lxc.cgroup.blkio.",
-    "lxc.cgroup2.io.",
-    *INIT_KEYS,
-)
-_LIMIT_KEYS = tuple(k for k in _OURS if k.startswith("lxc.cgroup"))  # the limit keys among them
-_ISOLATION_KEYS = ("lxc.idmap", "lxc.rootfs.path")  # replaced per clone with isolated id maps
 # states of a container that has processes: running, paused (frozen) or on its way there
 _LIVE = ("running", "frozen", "freezing")
 # how long counting a volume's bytes may take (``volume ls``/``show``), like a sandbox's disk usage
@@ -123,6 +105,7 @@ class LxcBackend:
         # the disk the sandboxes write to (their disk caps), read once; None: no block device
         self.disk_device = storage_device(self.path)
         self.cgroups = Cgroups(self.disk_device)
+        self.templates = TemplateSlots(settings, self.path)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _lxc(
@@ -146,73 +129,16 @@ class LxcBackend:
     def _dir(self, sandbox_id: str) -> Path:
         return self.path / sandbox_id
 
-    def _slot(self, template: str) -> str:
-        """The container name the host contract gives the named template (``default``: ``template``)."""
-        self.settings.check_template(template)
-        if template == DEFAULT_TEMPLATE:
-            return self.settings.template
-        return self.settings.lxc_templates()[template]
-
-    def _template_dir(self, template: str) -> Path:
-        """The slot of the named template: a link to its current generation (or the container dir)."""
-        return self.path / self._slot(template)
-
-    def _current(self, template: str) -> str:
-        """The generation new creates of ``template`` clone now (the slot's link, read live, so a
-        switch by site.yml counts at once in every process; generations.py)."""
-        slot = self._slot(template)  # ConfigError for an unknown name
-        try:
-            return resolve(self.path, slot)
-        except FileNotFoundError as exc:
-            raise BackendError(
-                f"template {template!r} ({slot}) not found in {self.path} (run site.yml)",
-                step="clone",
-            ) from exc
-        except (OSError, ValueError) as exc:
-            raise BackendError(f"template {template!r}: {exc}", step="clone") from exc
-
-    def _made_from(self, template: str, container: object) -> str:
-        """The generation a sandbox or snapshot was made from: its stored ``template_container``, or for
-        one stored before generations, the legacy generation of its template."""
-        if isinstance(container, str) and container:
-            return container
-        slot = self._slot(template)
-        try:
-            return legacy(self.path, slot)
-        except FileNotFoundError:
-            return slot  # no such template here: the clone says so
-        except (OSError, ValueError) as exc:
-            raise BackendError(f"template {template!r}: {exc}", step="clone") from exc
-
-    def _container_rootfs(self, container: str) -> Path:
-        try:
-            value = config_value(config_lines(self.path / container), "lxc.rootfs.path") or ""
-        except OSError as exc:
-            raise BackendError(
-                f"template container {container} is gone from {self.path}", step="clone", detail=str(exc)
-            ) from exc
-        return Path(value.removeprefix("dir:"))
-
-    def _template_rootfs(self, template: str) -> Path:
-        return self._container_rootfs(self._current(template))
-
     def template_is_current(self, record: SandboxRecord) -> bool:
         """Whether ``record``'s sandbox was cloned from the generation its template's creates get now
         (the warm pool hands out no sandbox of a template swapped since it was made)."""
         made_from = self._read_record(record.id)[1].get("template_container")
-        return self._made_from(record.spec.template, made_from) == self._current(record.spec.template)
+        template = record.spec.template
+        return self.templates.made_from(template, made_from) == self.templates.current(template)
 
     def prune_templates(self, *, dry_run: bool = False) -> builtins.list[str]:
-        """Remove the template generations that creates no longer clone and nothing uses (no sandbox,
-        snapshot or create in progress); returns them. ``sandbox-rt gc`` and the reaper run it."""
-        removed: builtins.list[str] = []
-        for name in self.settings.template_names():
-            slot = self._slot(name)
-            try:
-                removed += prune(self.path, slot, name, dry_run=dry_run)
-            except (OSError, ValueError) as exc:
-                raise BackendError(f"cannot prune template {name!r}: {exc}", step="gc") from exc
-        return removed
+        """The template generations nothing uses any more, removed (:meth:`TemplateSlots.prune`)."""
+        return self.templates.prune(dry_run=dry_run)
 
     def _addresses_in_use(self) -> set[str]:
         return host_load(self.path).addresses
@@ -246,7 +172,7 @@ class LxcBackend:
         self, sandbox_id: str, spec: SandboxSpec, delta: Path | None = None, container: str | None = None
     ) -> SandboxRecord:
         # the generation is read once: a switch during this create changes nothing of it
-        made_from = container or self._current(spec.template)
+        made_from = container or self.templates.current(spec.template)
         template = self.path / made_from
         if not (template / "config").is_file():
             raise BackendError(
@@ -262,11 +188,11 @@ class LxcBackend:
             fill_clone(delta, rootfs_dirs(cdir)[1])
         hostname = spec.hostname or sandbox_id
         isolated = self.settings.idmap_isolated
-        ours = (*_OURS, *_ISOLATION_KEYS) if isolated else _OURS
+        ours = (*RUNTIME_KEYS, *ISOLATION_KEYS) if isolated else RUNTIME_KEYS
         lines = [ln for ln in config_lines(cdir) if not ln.strip().startswith(ours)]
         upper = rootfs_dirs(cdir)[1]
         seen: list[HostLoad] = []
-        default_root = self._template_rootfs(DEFAULT_TEMPLATE)
+        default_root = self.templates.rootfs(DEFAULT_TEMPLATE)
         user = read_user(default_root, self.settings.ssh_user)
         login_limits = read_limits(default_root)
 
@@ -322,7 +248,7 @@ class LxcBackend:
         """The clone's own host key, machine-id, names and resolver (see identity.py); the host key
         belongs to ``user`` when sshd runs as that user (a sandbox without root), else to root."""
         fs = Overlay(
-            lower=self._container_rootfs(container),
+            lower=self.templates.container_rootfs(container),
             upper=rootfs_dirs(cdir)[1],
             template_base=self.settings.idmap_base,
             shift=id_base(cdir, self.settings.idmap_base) - self.settings.idmap_base,
@@ -350,8 +276,8 @@ class LxcBackend:
         try:
             if isolated:  # the template's root, seen with this sandbox's ids, while LXC mounts the overlay
                 try:
-                    made_from = self._made_from(spec.template, extra.get("template_container"))
-                    rootfs = self._container_rootfs(made_from)
+                    made_from = self.templates.made_from(spec.template, extra.get("template_container"))
+                    rootfs = self.templates.container_rootfs(made_from)
                     idmapped_bind(rootfs, lower, inner=self.settings.idmap_base, outer=base)
                 except OSError as exc:
                     raise BackendError(f"cannot map the template's ids: {exc}", step="start") from exc
@@ -382,16 +308,10 @@ class LxcBackend:
         """The host's named volumes; their files start owned by the template range's sandbox user."""
         return VolumeStore(
             self.settings.volume_dir,
-            owner=self.settings.idmap_base + self._sandbox_uid(),
+            owner=self.settings.idmap_base + self.templates.sandbox_uid(),
             users=self._volume_users,
             measure=lambda path: tree_bytes(path, budget_s=VOLUME_SIZE_BUDGET_S),
         )
-
-    def _sandbox_uid(self) -> int:
-        """The uid of the sandbox user (``ssh_user``) in the default template (1000 if unreadable)."""
-        with contextlib.suppress(BackendError):
-            return read_user(self._template_rootfs(DEFAULT_TEMPLATE), self.settings.ssh_user).uid
-        return 1000
 
     def _volume_users(self) -> dict[str, tuple[str, ...]]:
         users: dict[str, list[str]] = {}
@@ -419,7 +339,7 @@ class LxcBackend:
         with self.pool.locked():  # the pids budget and CPU placement read every config
             cpuset = self._placement(sid, spec, host_load(self.path, skip=sid))
             self.cgroups.apply_live(sid, spec, cpuset)
-            lines = [ln for ln in config_lines(cdir) if not ln.strip().startswith(_LIMIT_KEYS)]
+            lines = [ln for ln in config_lines(cdir) if not ln.strip().startswith(LIMIT_KEYS)]
             lines += self._limit_lines(spec, cpuset)
             if hostname != record.hostname:
                 lines = [ln for ln in lines if not ln.strip().startswith("lxc.uts.name")]
@@ -427,7 +347,7 @@ class LxcBackend:
             replace_config(cdir, lines)
         self._limit_disk(sid, spec)
         if hostname != record.hostname:
-            self._set_hostname(pid, record.ip, hostname)
+            set_hostname(pid, record.ip, hostname)
         port = self._port_state(sid, record.ip, spec)
         if not port.same_port(self.netstate.read(sid)):
             self.netstate.apply(port)
@@ -445,26 +365,6 @@ class LxcBackend:
             raise BackendError(
                 f"cannot limit {sandbox_id}'s disk to {spec.disk_gb} GiB: {exc.strerror or exc}", step="disk"
             ) from exc
-
-    def _set_hostname(self, pid: int, ip: str, hostname: str) -> None:
-        """Change the UTS name from the host (container root lacks CAP_SYS_ADMIN) and the files."""
-        proc = subprocess.run(
-            ["nsenter", "-t", str(pid), "-u", "hostname", hostname],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        if proc.returncode != 0:
-            raise BackendError(f"cannot set hostname {hostname!r}", step="update", detail=proc.stderr)
-        hosts = hosts_file(ip, hostname)
-        # the files belong to the sandbox: never write through a link it may have put there
-        for rel, text in (("etc/hostname", f"{hostname}\n"), ("etc/hosts", hosts)):
-            try:
-                rewrite_file_beneath(f"/proc/{pid}/root", rel, text.encode())
-            except OSError as exc:
-                raise BackendError(
-                    f"cannot write /{rel} in the sandbox: {exc.strerror or exc}", step="update"
-                ) from exc
 
     def destroy(self, sandbox_id: str) -> bool:
         cdir = self._dir(sandbox_id)
@@ -636,7 +536,7 @@ class LxcBackend:
         source, extra = self._read_record(sandbox_id)  # SandboxNotFound without one
         upper = rootfs_dirs(self._dir(sandbox_id))[1]
         template, hold = source.spec.template, self._still(sandbox_id)
-        made_from = self._made_from(template, extra.get("template_container"))
+        made_from = self.templates.made_from(template, extra.get("template_container"))
         return self.snapshots.take(
             name, source_id=sandbox_id, template=template, upper=upper, hold=hold,
             template_container=made_from,
@@ -651,6 +551,6 @@ class LxcBackend:
     def clone_from_snapshot(self, sandbox_id: str, spec: SandboxSpec, name: str) -> SandboxRecord:
         with self.snapshots.opened(name) as (info, delta, taken_on):
             # the delta is a layer over its source's template generation: the fork is cloned from that
-            made_from = self._made_from(info.template, taken_on)
+            made_from = self.templates.made_from(info.template, taken_on)
             fork = dataclasses.replace(spec, template=info.template)
             return self.clone(sandbox_id, fork, delta=delta, container=made_from)

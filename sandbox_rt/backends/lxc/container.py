@@ -1,4 +1,5 @@
-"""One container dir of the LXC path: its LXC ``config`` (read, replaced atomically) and the
+"""One container dir of the LXC path: its LXC ``config`` (read, replaced atomically; the keys the
+runtime writes per clone) and the
 runtime's record beside it (``sandbox_rt.json``: outside the container's root, so the sandbox
 cannot alter it)."""
 
@@ -13,9 +14,13 @@ from typing import Any
 from ...errors import BackendError, SandboxNotFound
 from ...models import SandboxRecord
 from ..records import spec_from_json, spec_to_json
+from .userinit import INIT_KEYS
 
 __all__ = [
+    "ISOLATION_KEYS",
+    "LIMIT_KEYS",
     "RECORD_FILE",
+    "RUNTIME_KEYS",
     "config_lines",
     "config_value",
     "id_base",
@@ -26,6 +31,28 @@ __all__ = [
 ]
 
 RECORD_FILE = "sandbox_rt.json"
+
+# config keys the runtime writes per clone (whatever the template had for them is replaced)
+RUNTIME_KEYS = (
+    "lxc.uts.name",
+    "lxc.net.0.link",
+    "lxc.net.0.ipv4.",
+    "lxc.net.0.hwaddr",
+    "lxc.net.0.veth.pair",
+    "lxc.cgroup.memory.",
+    "lxc.cgroup.pids.",
+    "lxc.cgroup.cpu.",
+    "lxc.cgroup2.memory.",
+    "lxc.cgroup2.pids.",
+    "lxc.cgroup2.cpu.",
+    "lxc.cgroup.cpuset.",
+    "lxc.cgroup2.cpuset.",
+    "lxc.cgroup.blkio.",
+    "lxc.cgroup2.io.",
+    *INIT_KEYS,
+)
+LIMIT_KEYS = tuple(k for k in RUNTIME_KEYS if k.startswith("lxc.cgroup"))  # the limit keys among them
+ISOLATION_KEYS = ("lxc.idmap", "lxc.rootfs.path")  # replaced per clone with isolated id maps
 
 
 def config_lines(cdir: Path) -> list[str]:

@@ -1,5 +1,6 @@
 """What each clone gets of its own, written into its overlay delta before it first starts: an SSH
-host key (the runtime pins its public half), a machine-id, its names and its resolver."""
+host key (the runtime pins its public half), a machine-id, its names and its resolver; and a new
+hostname for a running one (the warm pool's hand-out)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import dataclasses
 import os
 import secrets
 import shutil
+import subprocess
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-__all__ = ["Overlay", "hosts_file", "seed_identity", "write_into_upper"]
+from ...errors import BackendError
+from .fstree import rewrite_file_beneath
+
+__all__ = ["Overlay", "hosts_file", "seed_identity", "set_hostname", "write_into_upper"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,3 +101,24 @@ def write_into_upper(
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
+
+
+def set_hostname(pid: int, ip: str, hostname: str) -> None:
+    """Change the UTS name from the host (container root lacks CAP_SYS_ADMIN) and the files."""
+    proc = subprocess.run(
+        ["nsenter", "-t", str(pid), "-u", "hostname", hostname],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    if proc.returncode != 0:
+        raise BackendError(f"cannot set hostname {hostname!r}", step="update", detail=proc.stderr)
+    hosts = hosts_file(ip, hostname)
+    # the files belong to the sandbox: never write through a link it may have put there
+    for rel, text in (("etc/hostname", f"{hostname}\n"), ("etc/hosts", hosts)):
+        try:
+            rewrite_file_beneath(f"/proc/{pid}/root", rel, text.encode())
+        except OSError as exc:
+            raise BackendError(
+                f"cannot write /{rel} in the sandbox: {exc.strerror or exc}", step="update"
+            ) from exc

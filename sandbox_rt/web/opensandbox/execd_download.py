@@ -22,7 +22,7 @@ from fastapi import Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from ...errors import ConfigError, FileOperationError
-from ...limits import DEFAULT_DOWNLOAD_MAX_BYTES
+from ...output_limits import DEFAULT_DOWNLOAD_MAX_BYTES
 from ...validation import check_remote_path
 from ..errors import HttpError
 from ..params import Ctx, SandboxId

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...errors import ConfigError, FileOperationError
 from ...files import LIST_MAX_ENTRIES, MAX_LIST_DEPTH
-from ...limits import MAX_NAME_BYTES
+from ...output_limits import MAX_NAME_BYTES
 from ...validation import check_remote_path
 from .execd_runtime import ExecdSandbox, file_error
 

@@ -20,9 +20,9 @@ import pytest
 
 import sandbox_rt
 from pve_testserver import PVETestServer
-from pve_testserver.env import pve_test_server, real_pve_settings
 from sandbox_rt import Manager, Settings
 from tests.integration.provision_helpers import destroy_labelled
+from tests.pve_env import pve_test_server, real_pve_settings
 
 SESSION_LABEL = {"test-session": uuid.uuid4().hex[:12]}
 Factory = Callable[..., sandbox_rt.Sandbox]

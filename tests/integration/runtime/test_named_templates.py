@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 import sandbox_rt
-from pve_testserver.env import pve_test_server
 from sandbox_rt import ConfigError, Manager, Settings
 from sandbox_rt.backends.lxc import generations
+from tests.pve_env import pve_test_server
 
 from ..provision_helpers import HOST_JSON, REPO, run_playbook
 from .conftest import SESSION_LABEL, _sweep, settings_environ

@@ -10,7 +10,8 @@ from proxmoxer.tools import Tasks
 
 import sandbox_rt
 from pve_testserver import PVETestServer
-from pve_testserver.env import (
+from sandbox_rt import BackendError, Manager, PermissionDenied
+from tests.pve_env import (
     NODE,
     POOL,
     PRIVILEGES,
@@ -21,7 +22,6 @@ from pve_testserver.env import (
     grant_runtime_access,
     world,
 )
-from sandbox_rt import BackendError, Manager, PermissionDenied
 
 from .conftest import SESSION_LABEL
 

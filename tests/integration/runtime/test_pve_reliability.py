@@ -26,9 +26,9 @@ import pytest
 
 import sandbox_rt
 from pve_testserver import PVETestServer
-from pve_testserver.env import TEMPLATE_VMID, create_markers, world
 from sandbox_rt import BackendError, Manager, Settings
 from tests.integration.provision_helpers import destroy_labelled
+from tests.pve_env import TEMPLATE_VMID, create_markers, world
 
 from .conftest import SESSION_LABEL, Factory, _factory, settings_environ
 

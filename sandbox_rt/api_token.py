@@ -14,7 +14,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 __all__ = ["MIN_TOKEN_LENGTH", "TOKEN_ENV", "check_token", "is_loopback", "load_token"]
 

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from ..filelock import file_lock
+from .errors import ConfigError
+from .filelock import file_lock
 
 __all__ = ["REGISTRY_FILE", "BuiltTemplate", "TemplateRegistry", "built_containers", "built_vmids"]
 

@@ -1,4 +1,6 @@
-"""A Proxmox environment for the runtime suite: the PVE API test server backed by real LXC.
+"""A Proxmox environment for the runtime suite: the PVE API test server backed by real LXC, wired to
+the runtime's ``Settings`` (here, beside the tests and benchmarks that use it: the server itself never
+imports the runtime).
 
 Set up as an operator would on a real PVE (what the proxmox_access role does): a pool, a
 least-privilege role, a user with a privilege-separated API token, ACLs on the pool, the storage and
@@ -20,9 +22,8 @@ import yaml  # type: ignore[import-untyped]
 from proxmoxer import ProxmoxAPI
 from proxmoxer.tools import Tasks
 
+from pve_testserver import LxcEngine, PVETestServer
 from sandbox_rt import Settings
-
-from . import LxcEngine, PVETestServer
 
 NODE = "pve"
 POOL = "sandbox-pool"

@@ -1,6 +1,6 @@
 """How ``sandbox-rt mcp`` is reached: over stdio (the MCP client starts it, one session per process)
 or over streamable HTTP at ``/mcp`` (loopback by default; every request needs the bearer token, by
-the same token rules as ``sandbox-rt serve``; the limits of :class:`~sandbox_rt.limits.HttpLimits`).
+the same token rules as ``sandbox-rt serve``; the limits of :class:`~sandbox_rt.web.limits.HttpLimits`).
 
 Either way, when the server stops, every sandbox its sessions still hold is destroyed first.
 """
@@ -20,11 +20,11 @@ from typing import Any
 import anyio
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..http_api import DEFAULT_HOST
-from ..limits import HTTP_LIMITS, HttpLimits
-from ..web.tokens import check_token, is_loopback  # the token rules of `serve`, reused
+from ..api_token import check_token, is_loopback  # the token rules of `serve`, reused
+from ..web.limits import HTTP_LIMITS, HttpLimits
+from ..web.server import DEFAULT_HOST
 from ..web.transport import HttpService, Site
-from .mcp import SandboxMcp
+from .server import SandboxMcp
 
 __all__ = ["DEFAULT_PORT", "MCP_PATH", "BearerToken", "http_app", "serve_http", "serve_stdio"]
 

@@ -34,7 +34,6 @@ from pydantic import Field
 from .. import __version__
 from ..errors import ConfigError, SandboxError, SnapshotNotFound
 from ..files import LIST_MAX_ENTRIES
-from ..limits import HTTP_LIMITS
 from ..models import (
     DEFAULT_CPUS,
     DEFAULT_DISK_GB,
@@ -45,7 +44,8 @@ from ..models import (
 )
 from ..policy import DoorPolicy
 from ..validation import MAX_TTL_S, check_snapshot_name
-from .mcp_answers import (
+from ..web.limits import HTTP_LIMITS
+from .answers import (
     CommandResult,
     Destroyed,
     EgressState,
@@ -64,7 +64,7 @@ from .mcp_answers import (
     tool_error,
     view,
 )
-from .mcp_sessions import SERVER_LABEL, SESSION_LABEL, ManagerLike, SessionSandboxes
+from .sessions import SERVER_LABEL, SESSION_LABEL, ManagerLike, SessionSandboxes
 
 __all__ = ["McpOptions", "SandboxMcp", "tool_error"]
 
