@@ -28,10 +28,11 @@ from collections.abc import Callable
 from .errors import ConfigError
 from .limits import HTTP_LIMITS, HttpLimits
 from .policy import DoorPolicy
+from .protocols import ManagerLike, SandboxLike
 from .web.app import build_app
 from .web.errors import HttpError
 from .web.params import Context
-from .web.runtime import ManagerLike, SandboxCache, SandboxLike
+from .web.runtime import SandboxCache
 from .web.tokens import TOKEN_ENV, check_token, is_loopback, load_token
 from .web.transport import HttpService, Site
 

@@ -28,7 +28,7 @@ from ..errors import (
     SnapshotNotFound,
 )
 from ..models import EntryInfo, ExecResult, SandboxStatus
-from .mcp_sessions import SandboxLike
+from ..protocols import SandboxLike
 
 __all__ = ["command_answer", "error_code", "internal_error", "ok", "tool_error"]
 

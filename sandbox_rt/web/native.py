@@ -29,8 +29,8 @@ from ..models import (
     SandboxStatus,
     SnapshotInfo,
     VolumeInfo,
-    VolumeMount,
 )
+from ..protocols import VolumeRuntime, VolumesLike
 from . import schemas as s
 from .bodies import strict_query
 from .errors import ENCODINGS, HttpError, encode_output
@@ -46,7 +46,7 @@ from .params import (
     json_body,
     json_request,
 )
-from .runtime import VolumeRuntime, VolumesLike, quiet_close
+from .runtime import quiet_close
 from .sse import SSE_SCHEMA, exec_events
 
 __all__ = ["PUBLIC_PATHS", "router"]
@@ -126,16 +126,11 @@ def list_templates(ctx: Ctx) -> dict[str, Any]:
 def create_sandbox(
     ctx: Ctx,
     response: Response,
-    body: Annotated[
-        s.CreateSandboxRequest, Depends(json_body(s.CreateSandboxRequest, "create", required=False))
-    ],
+    body: Annotated[s.RequestBody, Depends(json_body(s.CreateSandboxRequest, "create", required=False))],
 ) -> SandboxStatus:
-    given = body.model_dump(include=body.model_fields_set)
-    kwargs = {k: v for k, v in given.items() if v is not None}
-    kwargs.setdefault("detached", True)  # lives by its TTL, not by this server process
-    ctx.policy.check_create(kwargs)  # root and caps: what the operator allows this server's clients
-    if "volumes" in kwargs:
-        kwargs["volumes"] = [VolumeMount(path, **source) for path, source in kwargs["volumes"].items()]
+    # the API's defaults added (detached: it lives by its TTL, not by this server process), and what
+    # the operator allows this server's clients (root, the caps) checked before anything is made
+    kwargs = ctx.policy.admit({name: getattr(body, name) for name in body.model_fields_set}, "http")
     sb = ctx.manager.create(**kwargs)
     try:
         status = sb.status()

@@ -12,11 +12,12 @@ from pydantic import AfterValidator, BaseModel
 
 from ..limits import HttpLimits
 from ..policy import DoorPolicy
+from ..protocols import ManagerLike
 from ..validation import check_sandbox_id, check_snapshot_name
 from ..volumes import check_volume_name
 from . import schemas as s
 from .bodies import check_json_media_type, parse_body
-from .runtime import ManagerLike, SandboxCache
+from .runtime import SandboxCache
 
 __all__ = [
     "Context",

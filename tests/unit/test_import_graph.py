@@ -12,10 +12,10 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sandbox_rt"
 # lowest first: a module may import its own layer and lower ones only
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("errors", "caps", "limits", "models", "validation", "config", "filelock", "ipam", "logs",
-              "volumes", "process_limits", "policy")),
+              "volumes", "process_limits", "policy", "options")),
     ("engines", ("ssh", "backends")),
     ("runtime", ("execution", "files", "download", "pty", "forward", "commands", "background", "sandbox",
-                 "pool", "manager", "terminal", "templates")),
+                 "pool", "manager", "terminal", "templates", "protocols")),
     ("front doors", ("aio", "remote", "web", "http_openapi", "http_api", "api", "cli", "cli_volumes",
                      "cli_template", "__main__", "__init__")),
 ]  # fmt: skip
