@@ -45,7 +45,9 @@ from .models import (
 )
 
 __all__ = [
+    "CREATE_NOTES",
     "DOORS",
+    "JSON_TYPES",
     "MAX_DISK_GB",
     "MAX_EGRESS_ENTRIES",
     "MAX_MEMORY_MB",
@@ -61,6 +63,7 @@ __all__ = [
     "door_options",
     "mounts_from_wire",
     "mounts_to_wire",
+    "named",
     "option",
     "take",
 ]
@@ -82,6 +85,15 @@ DOORS: tuple[Door, ...] = ("python", "http", "cli", "mcp", "opensandbox")
 # the JSON kind of a value (sandbox_rt.web.kinds checks a request's JSON against it); "mounts": the
 # volumes map (mount path -> source)
 Kind = Literal["string", "number", "integer", "boolean", "string_map", "string_list", "mounts"]
+# the Python type of a JSON value of each kind (what the MCP SDK and the answer models check)
+JSON_TYPES: dict[str, Any] = {
+    "string": str,
+    "number": float,
+    "integer": int,
+    "boolean": bool,
+    "string_list": list[str],
+    "string_map": dict[str, str],
+}
 # what the doors agents use check beyond the value (sandbox_rt.policy): root, and the caps
 Policy = Literal["root", "cap"]
 # a bound only the host knows (the served OpenAPI document makes it exact; make_spec checks cores)
@@ -121,6 +133,9 @@ class Option:
     spec: bool = True
     flag: str | None = None  # the CLI flag (default: --name-with-dashes)
     metavar: str | None = None
+    # in the HTTP API's list entry (GET /v1/sandboxes): "always", or "newer" (servers before it lack it)
+    listed: Literal["", "always", "newer"] = ""
+    listed_doc: str | None = None
     # filled from CreateOptions
     name: str = ""
     nullable: bool = False
@@ -139,18 +154,21 @@ class Option:
 _NOT_OPENSANDBOX: frozenset[Door] = frozenset({"python", "http", "cli", "mcp"})
 
 
-def _cap(what: str, unit: str, metavar: str, cli: str, mcp: str, top: int, package: int) -> Option:
+def _cap(what: str, metavar: str, cli: str, mcp: str, top: int, package: int) -> Option:
+    """A cap on what a sandbox shares with its neighbours (sandbox_rt/caps.py): 0 is none, the host
+    has a default for it (``default_<name>``), the door policy bounds it."""
     return Option(
         "integer",
         f"{cli} (default: the host's; 0: no cap)",
-        doc=f"{what} Default (absent or null): the host's default_{unit}; 0: none.",
+        doc=what + " Default (absent or null): the host's default_{name}; 0: none.",
         mcp=mcp,
         minimum=0,
         maximum=top,
         doors=_NOT_OPENSANDBOX,
         policy="cap",
-        host_default=f"default_{unit}",
+        host_default="default_{name}",
         spec_default=package,  # a spec made without a host's defaults has the package's caps
+        listed="newer",
         metavar=metavar,
     )
 
@@ -179,6 +197,7 @@ class SpecOptions(TypedDict, total=False):
             mcp="CPU cores",
             exclusive_minimum=0,
             host_bound="cores",
+            listed="always",
         ),
     ]
     memory_mb: Annotated[
@@ -189,6 +208,7 @@ class SpecOptions(TypedDict, total=False):
             DEFAULT_MEMORY_MB,
             minimum=MIN_MEMORY_MB,
             maximum=MAX_MEMORY_MB,
+            listed="always",
             flag="--memory",
             metavar="MB",
         ),
@@ -200,6 +220,7 @@ class SpecOptions(TypedDict, total=False):
             "disk limit in GB",
             DEFAULT_DISK_GB,
             minimum=1,
+            listed="always",
             maximum=MAX_DISK_GB,
             flag="--disk",
             metavar="GB",
@@ -218,6 +239,7 @@ class SpecOptions(TypedDict, total=False):
             minimum=MIN_PIDS_MAX,
             maximum=MAX_PIDS_MAX,
             host_bound="pids_budget",
+            listed="always",
             doors=_NOT_OPENSANDBOX,
             metavar="N",
         ),
@@ -233,6 +255,7 @@ class SpecOptions(TypedDict, total=False):
             "a label (repeatable)",
             mcp="labels to find it by",
             syntax="label_map",
+            listed="always",
             flag="--label",
             metavar="KEY=VALUE",
         ),
@@ -281,7 +304,6 @@ class SpecOptions(TypedDict, total=False):
         int | None,
         _cap(
             "Network bandwidth each way, Mbit/s (LXC: the runtime's SSH session is not counted).",
-            "net_mbps",
             "MBIT",
             "network Mbit/s each way",
             "network cap, Mbit/s each way",
@@ -293,7 +315,6 @@ class SpecOptions(TypedDict, total=False):
         int | None,
         _cap(
             "Disk bandwidth, MB/s, each of read and write, on the host's sandbox storage.",
-            "disk_mbps",
             "MB",
             "disk MB/s each of read and write",
             "disk bandwidth cap, MB/s",
@@ -305,7 +326,6 @@ class SpecOptions(TypedDict, total=False):
         int | None,
         _cap(
             "Disk operations per second, each of read and write, on the host's sandbox storage.",
-            "disk_iops",
             "N",
             "disk operations/s each of read and write",
             "disk operations per second cap",
@@ -325,6 +345,8 @@ class SpecOptions(TypedDict, total=False):
             mcp="commands may run as root (run_command user=root), e.g. apt-get",
             doors=_NOT_OPENSANDBOX,
             policy="root",
+            listed="newer",
+            listed_doc="Made with root=True (commands may run as root).",
         ),
     ]
     template: Annotated[
@@ -338,6 +360,7 @@ class SpecOptions(TypedDict, total=False):
             mcp="clone this template (one of: {templates}; default: default)",
             syntax="template_name",
             host_bound="templates",
+            listed="newer",
             metavar="NAME",
         ),
     ]
@@ -395,24 +418,36 @@ class CreateOptions(SpecOptions, total=False):
     ]
 
 
-# the order the doors list them in (the native API's, as before this declaration)
-_ORDER = (
-    "hostname", "cpus", "memory_mb", "disk_gb", "pids_max", "internet", "labels", "ttl_s", "detached",
-    "egress", "from_snapshot", "net_mbps", "disk_mbps", "disk_iops", "root", "template", "node", "volumes",
-)  # fmt: skip
+# what a create's refusals mean beyond a bad value: the HTTP API documents them on its 400 and 409
+CREATE_NOTES = {
+    "400": "On create also a value this host cannot give one sandbox: cpus above its cores or "
+    "pids_max above its pids budget (the served document's maxima are this host's), a template or "
+    "node it lacks; on Proxmox VE a cap above the node's ceiling (pids_max, disk_mbps, disk_iops: "
+    "the node's, known after the start; nothing is left).",
+    "409": "On create: the host's pids budget is spent by the sandboxes it runs (destroy some, or ask "
+    "for a smaller pids_max); nothing is made.",
+}
 
 
 def read_declaration(declaration: type) -> tuple[Option, ...]:
-    """The options a ``TypedDict`` of ``Annotated[type, Option(...)]`` declares, named and typed."""
+    """The options a ``TypedDict`` of ``Annotated[type, Option(...)]`` declares, in its order, named
+    and typed (``{name}`` in ``doc`` and ``host_default`` is the option's name)."""
     found = []
     for name, hint in typing.get_type_hints(declaration, include_extras=True).items():
         meta = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Option)]
         if len(meta) != 1:
             raise TypeError(f"create option {name!r} needs exactly one Option in its Annotated type")
-        nullable = type(None) in typing.get_args(typing.get_args(hint)[0])
-        found.append(dataclasses.replace(meta[0], name=name, nullable=nullable))
-    rank = {name: i for i, name in enumerate(_ORDER)}
-    return tuple(sorted(found, key=lambda o: rank.get(o.name, len(rank))))
+        opt = meta[0]
+        found.append(
+            dataclasses.replace(
+                opt,
+                name=name,
+                nullable=type(None) in typing.get_args(typing.get_args(hint)[0]),
+                doc=opt.doc.replace("{name}", name) if opt.doc else None,
+                host_default=opt.host_default.replace("{name}", name) if opt.host_default else None,
+            )
+        )
+    return tuple(found)
 
 
 # The declaration as the doors read it. A test may extend it (monkeypatch ``OPTIONS``): the doors read
@@ -456,6 +491,15 @@ def take(given: Mapping[str, Any], door: Door) -> dict[str, Any]:
         if door in opt.door_defaults and opt.name not in out:
             out[opt.name] = opt.door_defaults[door]
     return out
+
+
+def named(given: Mapping[str, Any], syntax: str) -> Any:
+    """What the options ``given`` name of ``syntax`` (e.g. ``snapshot_name``: the snapshot a create
+    forks), or None: for the doors whose rules concern a named thing, not a particular option."""
+    for opt in OPTIONS:
+        if opt.syntax == syntax and given.get(opt.name) is not None:
+            return given[opt.name]
+    return None
 
 
 # -- the volumes map, as the HTTP API carries it (the server reads it, the remote clients write it) ----

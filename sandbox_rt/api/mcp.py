@@ -37,7 +37,7 @@ from ..errors import ConfigError, SandboxError, SnapshotNotFound
 from ..files import LIST_MAX_ENTRIES
 from ..limits import HTTP_LIMITS
 from ..models import ExecResult, SnapshotInfo
-from ..options import door_options
+from ..options import JSON_TYPES, door_options, named
 from ..policy import DoorPolicy
 from ..protocols import ManagerLike
 from ..validation import MAX_TTL_S, check_snapshot_name
@@ -125,15 +125,6 @@ class McpOptions:
 
 
 # -- tool arguments --------------------------------------------------------------------------------
-# the Python type the SDK checks an argument of each JSON kind against (sandbox_rt.options.Kind)
-_KIND_TYPES: dict[str, Any] = {
-    "string": str,
-    "number": float,
-    "integer": int,
-    "boolean": bool,
-    "string_list": list[str],
-    "string_map": dict[str, str],
-}
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -146,7 +137,7 @@ def create_tool_signature(templates: Sequence[str], o: McpOptions, policy: DoorP
     ctx = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Context[Any, Any])
     params = [ctx]
     for opt in door_options("mcp"):
-        kind = _KIND_TYPES[opt.kind]
+        kind = JSON_TYPES[opt.kind]  # what the SDK checks an argument against
         text = policy.describe(opt, (opt.mcp or opt.help).format(**facts))
         annotation = cast(Any, Annotated)[kind | None if opt.nullable else kind, Field(description=text)]
         default = opt.default_at("mcp")
@@ -243,7 +234,7 @@ class SandboxMcp:
                 raise ConfigError(f"label {reserved!r} is set by the MCP server")
         kwargs["labels"] = {**labels, SESSION_LABEL: key, SERVER_LABEL: self.server_id}
         kwargs["ttl_s"] = self._cap(kwargs.get("ttl_s"), o.default_ttl_s, o.max_ttl_s, "ttl_s")
-        snapshot = kwargs.get("from_snapshot")
+        snapshot = named(kwargs, "snapshot_name")  # the one it forks: the operator's or this session's
         if isinstance(snapshot, str) and not (
             snapshot in o.base_snapshots or self.sessions.has_snapshot(key, snapshot)
         ):

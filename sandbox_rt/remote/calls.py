@@ -22,7 +22,7 @@ from ..models import (
     SnapshotInfo,
     VolumeMount,
 )
-from ..options import CreateOptions, door_options, mounts_to_wire
+from ..options import CreateOptions, door_options, mounts_to_wire, named
 from ..validation import (
     MAX_TTL_S,
     check_max_bytes,
@@ -94,7 +94,7 @@ def create(**options: Unpack[CreateOptions]) -> Call[SandboxStatus]:
         "/v1/sandboxes",
         201,
         lambda raw: answers.parse_status(answers.decode_json(raw, "the create answer")),
-        ErrorContext(snapshot=options.get("from_snapshot")),
+        ErrorContext(snapshot=named(options, "snapshot_name")),  # a 404 names the snapshot forked
         json=body,
     )
 

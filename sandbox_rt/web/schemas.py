@@ -14,7 +14,15 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
 from ..limits import DEFAULT_MAX_OUTPUT
 from ..models import DEFAULT_TEMPLATE, EntryInfo, SnapshotInfo, VolumeInfo, VolumeMount
-from ..options import MAX_EGRESS_ENTRIES, MAX_TTL_S, Option, door_options, mounts_from_wire
+from ..options import (
+    JSON_TYPES,
+    MAX_EGRESS_ENTRIES,
+    MAX_TTL_S,
+    Option,
+    all_options,
+    door_options,
+    mounts_from_wire,
+)
 from ..validation import NODE_NAME, TEMPLATE_NAME
 from ..volumes.checks import ABSOLUTE_PATH, MAX_MOUNTS, MAX_PATH, MOUNT_PATH, RELATIVE_PATH, VOLUME_NAME
 from .kinds import Kind, exact
@@ -201,17 +209,6 @@ def create_request_model(options: Sequence[Option]) -> type[RequestBody]:
 CreateSandboxRequest: type[RequestBody] = create_request_model(door_options("http"))
 
 
-# what a create's 400 and 409 mean beyond the shared text (POST /v1/sandboxes)
-CREATE_NOTES = {
-    "400": "On create also a value this host cannot give one sandbox: cpus above its cores or "
-    "pids_max above its pids budget (the served document's maxima are this host's), a template or "
-    "node it lacks; on Proxmox VE a cap above the node's ceiling (pids_max, disk_mbps, disk_iops: "
-    "the node's, known after the start; nothing is left).",
-    "409": "On create: the host's pids budget is spent by the sandboxes it runs (destroy some, or ask "
-    "for a smaller pids_max); nothing is made.",
-}
-
-
 class ExecRequest(RequestBody):
     model_config = ConfigDict(extra="forbid", json_schema_extra=not_both("stdin", "stdin_b64"))
 
@@ -319,29 +316,33 @@ class TemplateList(Answer):
     templates: list[str] = Field(description=f"The names create takes, {DEFAULT_TEMPLATE!r} first.")
 
 
-class SandboxInfo(Answer):
-    """A list entry: what the engine knows without connecting to the sandbox."""
-
+class _ListedRecord(Answer):
     id: str = _SANDBOX_ID
     hostname: str
     ip: str
     backend: str = Field(examples=["lxc", "proxmox"])
     created_at: float = Field(description="Unix time")
     expires_at: float | None
-    labels: dict[str, str]
-    cpus: float
-    memory_mb: int
-    disk_gb: int
-    pids_max: int
-    net_mbps: int
-    disk_mbps: int
-    disk_iops: int
-    root: bool = Field(description="Made with root=True (commands may run as root).")
-    template: str
 
 
-class SandboxList(Answer):
-    sandboxes: list[SandboxInfo]
+def list_entry_model(options: Sequence[Option]) -> type[BaseModel]:
+    """A list entry: the record's identity, and the create options it lists (their declaration's
+    ``listed``), as the spec holds them."""
+    fields: dict[str, Any] = {
+        o.name: (JSON_TYPES[o.kind], Field(description=o.listed_doc)) for o in options if o.listed
+    }
+    return create_model(
+        "SandboxInfo",
+        __base__=_ListedRecord,
+        __doc__="A list entry: what the engine knows without connecting to the sandbox.",
+        __module__=__name__,
+        **fields,
+    )
+
+
+SandboxInfo = list_entry_model(all_options())  # typed as a BaseModel: its fields are generated
+_ENTRIES: Any = list[SandboxInfo]  # type: ignore[valid-type]
+SandboxList: type[BaseModel] = create_model("SandboxList", __base__=Answer, sandboxes=(_ENTRIES, ...))
 
 
 class _ExecSummary(Answer):

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sandbox_rt"
 # lowest first: a module may import its own layer and lower ones only
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("errors", "caps", "limits", "models", "validation", "config", "filelock", "ipam", "logs",
-              "volumes", "process_limits", "policy", "options")),
+              "volumes", "process_limits", "policy", "options", "error_names")),
     ("engines", ("ssh", "backends")),
     ("runtime", ("execution", "files", "download", "pty", "forward", "commands", "background", "sandbox",
                  "pool", "manager", "terminal", "templates", "protocols")),
