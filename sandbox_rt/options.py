@@ -220,8 +220,8 @@ class SpecOptions(TypedDict, total=False):
             "disk limit in GB",
             DEFAULT_DISK_GB,
             minimum=1,
-            listed="always",
             maximum=MAX_DISK_GB,
+            listed="always",
             flag="--disk",
             metavar="GB",
         ),
@@ -270,7 +270,7 @@ class SpecOptions(TypedDict, total=False):
             mcp="seconds it may live, at most {max_ttl_s}",
             minimum=1,
             maximum=MAX_TTL_S,
-            host_default="default_ttl_s",
+            host_default="default_{name}",
             flag="--ttl",
             metavar="SECONDS",
         ),
@@ -450,8 +450,9 @@ def read_declaration(declaration: type) -> tuple[Option, ...]:
     return tuple(found)
 
 
-# The declaration as the doors read it. A test may extend it (monkeypatch ``OPTIONS``): the doors read
-# it through :func:`all_options` when they are built, never at import.
+# The declaration as the doors read it: the CLI's parser, the MCP server, the checks and the policy
+# when they are built or run, the HTTP models at import (create_request_model and list_entry_model
+# build others). A test may extend it (monkeypatch ``OPTIONS``).
 OPTIONS: tuple[Option, ...] = read_declaration(CreateOptions)
 
 
