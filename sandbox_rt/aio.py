@@ -25,22 +25,11 @@ import contextlib
 import functools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack
 
 from .errors import ConfigError, SandboxError
-from .models import (
-    DEFAULT_CPUS,
-    DEFAULT_DISK_GB,
-    DEFAULT_MEMORY_MB,
-    DEFAULT_PIDS_MAX,
-    EntryInfo,
-    ExecResult,
-    OutputChunk,
-    SandboxRecord,
-    SandboxStatus,
-    SnapshotInfo,
-    VolumeMount,
-)
+from .models import EntryInfo, ExecResult, OutputChunk, SandboxRecord, SandboxStatus, SnapshotInfo
+from .options import CreateOptions
 from .output_limits import DEFAULT_DOWNLOAD_MAX_BYTES, DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
 
 if TYPE_CHECKING:
@@ -120,52 +109,11 @@ class AsyncManager:
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def create(
-        self,
-        *,
-        hostname: str | None = None,
-        cpus: float = DEFAULT_CPUS,
-        memory_mb: int = DEFAULT_MEMORY_MB,
-        disk_gb: int = DEFAULT_DISK_GB,
-        pids_max: int = DEFAULT_PIDS_MAX,
-        internet: bool = False,
-        labels: Mapping[str, str] | None = None,
-        ttl_s: int | None = None,
-        detached: bool = False,
-        egress: Sequence[str] | None = None,
-        from_snapshot: str | None = None,
-        net_mbps: int | None = None,
-        disk_mbps: int | None = None,
-        disk_iops: int | None = None,
-        root: bool = False,
-        template: str | None = None,
-        volumes: Sequence[VolumeMount] | None = None,
-        node: str | None = None,
-    ) -> Pending[AsyncSandbox]:
+    def create(self, **options: Unpack[CreateOptions]) -> Pending[AsyncSandbox]:
         """``await mgr.create(...)`` or ``async with mgr.create(...) as sb``: :meth:`Manager.create`."""
-        kwargs: dict[str, Any] = dict(
-            hostname=hostname,
-            cpus=cpus,
-            memory_mb=memory_mb,
-            disk_gb=disk_gb,
-            pids_max=pids_max,
-            internet=internet,
-            labels=labels,
-            ttl_s=ttl_s,
-            detached=detached,
-            egress=egress,
-            from_snapshot=from_snapshot,
-            net_mbps=net_mbps,
-            disk_mbps=disk_mbps,
-            disk_iops=disk_iops,
-            root=root,
-            template=template,
-            volumes=volumes,
-            node=node,
-        )
 
         async def make() -> AsyncSandbox:
-            return AsyncSandbox(await self.run_sync(self.sync.create, **kwargs), self.run_sync)
+            return AsyncSandbox(await self.run_sync(self.sync.create, **options), self.run_sync)
 
         return Pending(make)
 

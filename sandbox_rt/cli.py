@@ -14,16 +14,17 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__, logs
 from .cli_template import add_template_command, template_command
-from .cli_volumes import VOLUME_HELP, add_volume_command, parse_volume_flags, volume_command
+from .cli_volumes import add_volume_command, parse_volume_flags, volume_command
 from .config import Settings
 from .errors import ConfigError, SandboxError
 from .manager import Manager
-from .models import DEFAULT_CPUS, DEFAULT_DISK_GB, DEFAULT_MEMORY_MB, SandboxRecord
+from .models import SandboxRecord
+from .options import door_options
 from .policy import DoorPolicy
 from .sandbox import Sandbox
 from .web.limits import HTTP_LIMITS
@@ -82,6 +83,41 @@ def _common_options(*, after_command: bool) -> argparse.ArgumentParser:
     return common
 
 
+# how a flag of each kind of create option is read (sandbox_rt.options.Kind)
+_FLAG_KINDS: dict[str, dict[str, Any]] = {
+    "string": {},
+    "number": {"type": _positive_float},
+    "integer": {"type": int},
+    "boolean": {"action": "store_true"},
+    "string_list": {"action": "append", "default": []},
+    "string_map": {"action": "append", "default": []},
+    "mounts": {"action": "append", "default": []},
+}
+# a repeated flag's values as the option's value
+_FLAG_VALUES: dict[str, Callable[[Sequence[str]], Any]] = {
+    "string_map": _labels,
+    "mounts": parse_volume_flags,
+}
+
+
+def add_create_flags(sp: argparse.ArgumentParser) -> None:
+    """``run``'s and ``create``'s flags: one per create option the CLI takes (sandbox_rt.options)."""
+    for opt in door_options("cli"):
+        how = {"default": opt.default, "metavar": opt.metavar, **_FLAG_KINDS[opt.kind]}
+        if how.get("action") == "store_true":
+            how.pop("metavar")
+        sp.add_argument(opt.cli_flag, dest=opt.name, help=opt.help, **how)
+
+
+def create_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The create options given on the command line (left out: the declared defaults)."""
+    given = {}
+    for opt in door_options("cli"):
+        value = getattr(args, opt.name)
+        given[opt.name] = _FLAG_VALUES[opt.kind](value) if opt.kind in _FLAG_VALUES else value
+    return given
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="sandbox-rt",
@@ -96,61 +132,14 @@ def _parser() -> argparse.ArgumentParser:
     # every command takes the common options and shows its options' defaults
     command = functools.partial(commands.add_parser, parents=[after], formatter_class=_Formatter)
 
-    def spec_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument(
-            "--cpus",
-            type=_positive_float,
-            default=DEFAULT_CPUS,
-            help="CPU cores (a fraction is a quota)",
-        )
-        sp.add_argument(
-            "--memory", type=int, default=DEFAULT_MEMORY_MB, metavar="MB", help="memory limit in MiB"
-        )
-        sp.add_argument("--disk", type=int, default=DEFAULT_DISK_GB, metavar="GB", help="disk limit in GB")
-        sp.add_argument("--internet", action="store_true", help="allow HTTP/HTTPS to the internet")
-        sp.add_argument(
-            "--egress",
-            action="append",
-            default=[],
-            metavar="DEST",
-            help="without internet, allow only this address, network or domain (repeatable)",
-        )
-        sp.add_argument("--hostname", help="host name (default: the sandbox id)")
-        sp.add_argument(
-            "--label", action="append", default=[], metavar="KEY=VALUE", help="a label (repeatable)"
-        )
-        sp.add_argument(
-            "--ttl",
-            type=int,
-            metavar="SECONDS",
-            help="destroy by gc after this long (default: the host's default_ttl_s)",
-        )
-        sp.add_argument(
-            "--template",
-            metavar="NAME",
-            help="clone this named template (sandbox-rt template ls; default: the host's default)",
-        )
-        sp.add_argument("--from-snapshot", metavar="NAME", help="fork this snapshot instead of the template")
-        sp.add_argument(
-            "--node", metavar="NODE", help="Proxmox VE cluster: on this node (default: the placement policy)"
-        )
-        for flag, unit, what in (
-            ("--net-mbps", "MBIT", "network Mbit/s each way"),
-            ("--disk-mbps", "MB", "disk MB/s each of read and write"),
-            ("--disk-iops", "N", "disk operations/s each of read and write"),
-        ):
-            sp.add_argument(flag, type=int, metavar=unit, help=f"{what} (default: the host's; 0: no cap)")
-        sp.add_argument("--root", action="store_true", help="commands may run as root (exec --user root)")
-        sp.add_argument("--volume", action="append", default=[], metavar="SRC:PATH[:ro]", help=VOLUME_HELP)
-
     run = command("run", help="create a sandbox, run CMD (streaming), destroy it")
-    spec_args(run)
+    add_create_flags(run)
     run.add_argument("--timeout", type=_positive_float, help="command timeout in seconds")
     run.add_argument("--user", help="run CMD as this user: root needs --root (default: the sandbox user)")
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD")
 
     create = command("create", help="create a sandbox and print its id")
-    spec_args(create)
+    add_create_flags(create)
 
     ex = command("exec", help="run CMD in an existing sandbox")
     ex.add_argument("id")
@@ -268,7 +257,7 @@ def _policy_args(door: argparse.ArgumentParser) -> None:
 
 
 def _mcp_args(mc: argparse.ArgumentParser) -> None:
-    """``sandbox-rt mcp`` (sandbox_rt/api/mcp.py)."""
+    """``sandbox-rt mcp`` (sandbox_rt/mcp/server.py)."""
     mc.add_argument("--transport", choices=("stdio", "http"), default="stdio", help="how clients reach it")
     mc.add_argument("--host", default="127.0.0.1", help="http: the address to listen on")
     mc.add_argument("--port", type=int, default=8788, help="http: the port (0: a free one)")
@@ -352,27 +341,8 @@ class _Cli:
         return stream.result.exit_code
 
     def _create(self, mgr: Manager, *, detached: bool = False) -> Sandbox:
-        a = self.args
-        return mgr.create(
-            detached=detached,
-            cpus=a.cpus,
-            memory_mb=a.memory,
-            disk_gb=a.disk,
-            internet=a.internet,
-            egress=a.egress,
-            hostname=a.hostname,
-            labels=_labels(a.label),
-            ttl_s=a.ttl,
-            template=a.template,
-            from_snapshot=a.from_snapshot,
-            net_mbps=a.net_mbps,
-            disk_mbps=a.disk_mbps,
-            disk_iops=a.disk_iops,
-            root=a.root,
-            volumes=parse_volume_flags(a.volume),
-            progress=self.progress,
-            node=a.node,
-        )
+        options = create_options(self.args)
+        return mgr.create(detached=detached, progress=self.progress, **options)
 
     def run(self) -> int:
         a = self.args

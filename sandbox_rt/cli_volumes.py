@@ -12,12 +12,7 @@ from .errors import ConfigError
 from .manager import Manager
 from .models import VolumeMount
 
-__all__ = ["VOLUME_HELP", "add_volume_command", "parse_volume_flags", "volume_command"]
-
-VOLUME_HELP = (
-    "mount SRC at PATH: SRC is a volume NAME (NAME/SUB for a directory in it) or a host /DIR under "
-    "one the host allows; ':ro' mounts it read-only (repeatable)"
-)
+__all__ = ["add_volume_command", "parse_volume_flags", "volume_command"]
 
 
 def parse_volume_flags(values: Sequence[str]) -> list[VolumeMount]:

@@ -12,7 +12,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Unpack, cast
 
 import paramiko
 
@@ -26,22 +26,13 @@ from .backends.base import (
 )
 from .config import Settings
 from .errors import ConfigError, SandboxError, SandboxNotFound, SnapshotNotFound
-from .models import (
-    DEFAULT_CPUS,
-    DEFAULT_DISK_GB,
-    DEFAULT_MEMORY_MB,
-    DEFAULT_PIDS_MAX,
-    DEFAULT_TEMPLATE,
-    SandboxRecord,
-    SandboxSpec,
-    SnapshotInfo,
-    VolumeMount,
-)
+from .models import DEFAULT_TEMPLATE, SandboxRecord, SandboxSpec, SnapshotInfo, VolumeMount
+from .options import CreateOptions, all_options
 from .pool import POOL_LABEL, WarmPool
 from .process_limits import raise_open_files_limit
 from .sandbox import Sandbox
 from .ssh import SSHExecutor, load_private_key, parse_public_key
-from .validation import check_node_name, check_sandbox_id, check_snapshot_name, make_spec, respec
+from .validation import check_create, check_sandbox_id, check_snapshot_name, make_spec, respec
 from .volumes import VolumeStore
 from .volumes.store import open_host_source
 
@@ -122,12 +113,8 @@ class Manager:
         self.pool: WarmPool | None = None
         self._pool_template = DEFAULT_TEMPLATE  # the pool's sandboxes' template (pool_spec's)
         if pool_size:
-            base = dict(pool_spec or {})
+            base = self._host_defaults(pool_spec or {})
             base["labels"] = {**dict(base.get("labels") or {}), POOL_LABEL: new_sandbox_id()[4:]}
-            base.setdefault("ttl_s", self.settings.default_ttl_s)
-            base.setdefault("net_mbps", self.settings.default_net_mbps)
-            base.setdefault("disk_mbps", self.settings.default_disk_mbps)
-            base.setdefault("disk_iops", self.settings.default_disk_iops)
             pool_base = make_spec(**base)  # a bad pool spec fails here, before any thread starts
             self.settings.check_template(pool_base.template)
             self._pool_template = pool_base.template
@@ -158,30 +145,10 @@ class Manager:
         return self._key
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def create(
-        self,
-        *,
-        hostname: str | None = None,
-        cpus: float = DEFAULT_CPUS,
-        memory_mb: int = DEFAULT_MEMORY_MB,
-        disk_gb: int = DEFAULT_DISK_GB,
-        pids_max: int = DEFAULT_PIDS_MAX,
-        internet: bool = False,
-        labels: Mapping[str, str] | None = None,
-        ttl_s: int | None = None,
-        detached: bool = False,
-        egress: Sequence[str] | None = None,
-        net_mbps: int | None = None,
-        disk_mbps: int | None = None,
-        disk_iops: int | None = None,
-        root: bool = False,
-        template: str | None = None,
-        from_snapshot: str | None = None,
-        volumes: Sequence[VolumeMount] | None = None,
-        progress: Progress | None = None,
-        node: str | None = None,
-    ) -> Sandbox:
-        """Clone the template, apply limits, start, connect; all or nothing.
+    def create(self, *, progress: Progress | None = None, **options: Unpack[CreateOptions]) -> Sandbox:
+        """Clone the template, apply limits, start, connect; all or nothing. The options are
+        :class:`~sandbox_rt.options.CreateOptions` (their defaults, ranges and meaning are declared
+        there); ``progress`` is called with a line per step.
 
         Any failure after the clone destroys what was made (container, address, nft element)
         before the error is raised. ``ttl_s`` (default ``settings.default_ttl_s``) bounds its life:
@@ -207,42 +174,15 @@ class Manager:
         would (docs/proxmox.md, "Placement"); such a sandbox is always made cold. ConfigError on a
         backend with one host, for an unknown node or one without the template.
         """
-        if template is not None and from_snapshot is not None:
-            raise ConfigError(
-                "template= and from_snapshot= do not go together: "
-                "a fork is cloned from its snapshot's template"
-            )
-        spec = make_spec(
-            hostname=hostname,
-            cpus=cpus,
-            memory_mb=memory_mb,
-            disk_gb=disk_gb,
-            pids_max=pids_max,
-            internet=internet,
-            labels=labels,
-            ttl_s=ttl_s if ttl_s is not None else self.settings.default_ttl_s,
-            detached=detached,
-            egress=egress,
-            net_mbps=net_mbps if net_mbps is not None else self.settings.default_net_mbps,
-            disk_mbps=disk_mbps if disk_mbps is not None else self.settings.default_disk_mbps,
-            disk_iops=disk_iops if disk_iops is not None else self.settings.default_disk_iops,
-            root=root,
-            template=DEFAULT_TEMPLATE if template is None else template,
-            volumes=volumes,
-        )
+        spec, how = check_create(self._host_defaults(options))  # the one check of every door's create
         self.settings.check_template(spec.template)
         if spec.volumes:
             self._check_volume_sources(spec.volumes)
+        node, from_snapshot = how.get("node"), how.get("from_snapshot")
         if node is not None:  # placed by hand: never a warm-pool sandbox
-            check_node_name(node)
-            if from_snapshot is not None:
-                raise ConfigError(
-                    "node= and from_snapshot= do not go together: a fork is made on its snapshot's node"
-                )
             placement_backend(self.backend)
             return self._create_cold(spec, progress, node=node)
         if from_snapshot is not None:  # a fork is never a warm-pool sandbox
-            check_snapshot_name(from_snapshot)
             snapshot_backend(self.backend)
             return self._create_cold(spec, progress, from_snapshot)
         # pool sandboxes are of the pool's template and start without root
@@ -256,6 +196,15 @@ class Manager:
                     with contextlib.suppress(SandboxError):
                         warm.destroy()  # a pool sandbox that cannot take the spec: make one cold
         return self._create_cold(spec, progress)
+
+    def _host_defaults(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """``given`` with this host's default (``host.json``) for each option left out or None
+        whose declaration names one (the TTL, the caps)."""
+        out = dict(given)
+        for opt in all_options():
+            if opt.host_default is not None and out.get(opt.name) is None:
+                out[opt.name] = getattr(self.settings, opt.host_default)
+        return out
 
     def _take_warm(self) -> Sandbox | None:
         """A warm sandbox of the pool's template as creates get it now: one made before the template

@@ -60,9 +60,8 @@ class OutputChunk:
     data: bytes
 
 
-# What create() gives a sandbox when the caller says nothing: the one place every front door reads
-# (Manager.create, make_spec, the CLI, the HTTP API and its OpenAPI document, the remote and async
-# clients, the MCP server). The ranges they must stay in are sandbox_rt.validation's.
+# What create() gives a sandbox when the caller says nothing: the declaration of the create options
+# (sandbox_rt.options), which every front door reads, quotes them; so does SandboxSpec below.
 DEFAULT_CPUS = 1.0
 DEFAULT_MEMORY_MB = 1024
 DEFAULT_DISK_GB = 8

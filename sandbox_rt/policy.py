@@ -36,11 +36,12 @@ from typing import Any
 from .caps import DEFAULT_DISK_IOPS, DEFAULT_DISK_MBPS, DEFAULT_NET_MBPS
 from .config import Settings
 from .errors import ConfigError, PolicyDenied
+from .options import Door, Option, all_options, take
 
 __all__ = ["CAP_OPTIONS", "DoorPolicy"]
 
-# the create options whose 0 means "no cap" (sandbox_rt/caps.py)
-CAP_OPTIONS = ("net_mbps", "disk_mbps", "disk_iops")
+# the create options whose 0 means "no cap" (sandbox_rt/caps.py), as sandbox_rt.options declares them
+CAP_OPTIONS = tuple(o.name for o in all_options() if o.policy == "cap")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,32 +81,45 @@ class DoorPolicy:
         """The policy for a door over ``runtime``: its settings' default caps as the bounds (a
         ``sandbox_rt.Manager``; anything else, e.g. a test's fake: the package's defaults)."""
         settings = getattr(runtime, "settings", None)
-        if not isinstance(settings, Settings):
-            return cls(allow_root=allow_root, allow_uncapped=allow_uncapped, door=door)
-        return cls(
-            allow_root=allow_root,
-            allow_uncapped=allow_uncapped,
-            max_net_mbps=settings.default_net_mbps,
-            max_disk_mbps=settings.default_disk_mbps,
-            max_disk_iops=settings.default_disk_iops,
-            door=door,
-        )
+        ceilings: dict[str, Any] = {}
+        if isinstance(settings, Settings):  # each cap's bound: the host's default (options' host_default)
+            caps = (o for o in all_options() if o.policy == "cap" and o.host_default is not None)
+            ceilings = {f"max_{o.name}": getattr(settings, o.host_default or "") for o in caps}
+        return cls(allow_root=allow_root, allow_uncapped=allow_uncapped, door=door, **ceilings)
 
     def ceiling(self, cap: str) -> int:
         """The most ``cap`` (one of :data:`CAP_OPTIONS`) may be through this door; 0: unbounded."""
         value: int = getattr(self, f"max_{cap}")
         return value
 
+    def describe(self, opt: Option, text: str) -> str:
+        """An option's help ``text`` with what this door lets its clients ask of it (the MCP tool's
+        parameters say it to the model)."""
+        if opt.policy == "cap":
+            top = self.ceiling(opt.name)
+            return text if self.allow_uncapped or not top else f"{text}, 1 to {top} (default {top})"
+        if opt.policy == "root" and not self.allow_root:
+            return f"{text}; this server refuses it (its operator did not allow root)"
+        return text
+
+    def admit(self, request: Mapping[str, Any], door: Door) -> dict[str, Any]:
+        """A create request received at ``door`` as ``Manager.create`` arguments
+        (:func:`sandbox_rt.options.take`: the door's defaults added, what it does not take refused),
+        checked against this policy (:meth:`check_create`). Every agent-facing create calls it."""
+        self.check_create(request)  # first: a refusal is a refusal, whatever else is wrong
+        return take(request, door)
+
     def check_create(self, request: Mapping[str, Any]) -> None:
         """Raise PolicyDenied if the create arguments ``request`` (``Manager.create``'s names; an
         absent or None option is the host's default) ask for more than this door allows.
 
         Only the policy: a value of a wrong kind or out of range is left to ``make_spec`` (400)."""
-        if request.get("root") not in (None, False) and not self.allow_root:
-            raise PolicyDenied(
-                f"root=true is refused: {self.door} makes root sandboxes for its clients only if its "
-                "operator starts it with --allow-root"
-            )
+        for opt in all_options():
+            if opt.policy == "root" and request.get(opt.name) not in (None, False) and not self.allow_root:
+                raise PolicyDenied(
+                    f"{opt.name}=true is refused: {self.door} makes root sandboxes for its clients only "
+                    "if its operator starts it with --allow-root"
+                )
         if self.allow_uncapped:
             return
         refused: list[str] = []

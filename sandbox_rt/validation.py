@@ -6,34 +6,39 @@ import dataclasses
 import ipaddress
 import os
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Unpack
 
-from .caps import (
-    DEFAULT_DISK_IOPS,
-    DEFAULT_DISK_MBPS,
-    DEFAULT_NET_MBPS,
-    MAX_DISK_IOPS,
-    MAX_DISK_MBPS,
-    MAX_NET_MBPS,
-)
 from .errors import ConfigError, StateConflict
-from .models import (
-    DEFAULT_CPUS,
-    DEFAULT_DISK_GB,
-    DEFAULT_MEMORY_MB,
-    DEFAULT_PIDS_MAX,
-    DEFAULT_TEMPLATE,
-    SandboxSpec,
-    VolumeMount,
+from .models import SandboxSpec
+from .options import (
+    MAX_DISK_GB,
+    MAX_EGRESS_ENTRIES,
+    MAX_MEMORY_MB,
+    MAX_PIDS_MAX,
+    MAX_TTL_S,
+    MIN_MEMORY_MB,
+    MIN_PIDS_MAX,
+    Option,
+    SpecOptions,
+    all_options,
 )
 from .volumes.checks import check_mounts
 
 __all__ = [
+    "MAX_DISK_GB",
+    "MAX_EGRESS_ENTRIES",
     "MAX_MEMORY_MB",
+    "MAX_PIDS_MAX",
+    "MAX_TTL_S",
+    "MIN_MEMORY_MB",
+    "MIN_PIDS_MAX",
+    "SYNTAX",
+    "check_create",
     "check_egress",
     "check_env",
     "check_hostname",
+    "check_labels",
     "check_max_bytes",
     "check_node_name",
     "check_remote_path",
@@ -54,13 +59,6 @@ _LABEL_KEY = re.compile(r"[A-Za-z0-9_.\-/]{1,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SANDBOX_ID = re.compile(r"\Asbx-[0-9a-f]{10}\Z")
 
-MIN_MEMORY_MB = 64
-MAX_MEMORY_MB = 1 << 30  # 1 PiB: larger than any host, small enough for every engine's field
-MAX_DISK_GB = 4096
-MIN_PIDS_MAX = 16
-MAX_PIDS_MAX = 1 << 22  # the kernel's largest pid_max
-MAX_TTL_S = 30 * 24 * 3600
-MAX_EGRESS_ENTRIES = 64
 # Egress entries. A name's last label starts with a letter (an all-numeric top-level label does not
 # exist, RFC 3696 2), so no name looks like an address. Anything made of digits, dots and "/" only is
 # an address or nothing: it must be four decimal octets 0-255 without leading zeros and, optionally,
@@ -92,82 +90,95 @@ def _number(name: str, value: Any, *, integer: bool) -> float:
     return float(value)
 
 
-def make_spec(
-    *,
-    hostname: str | None = None,
-    cpus: float = DEFAULT_CPUS,
-    memory_mb: int = DEFAULT_MEMORY_MB,
-    disk_gb: int = DEFAULT_DISK_GB,
-    pids_max: int = DEFAULT_PIDS_MAX,
-    internet: bool = False,
-    labels: Mapping[str, str] | None = None,
-    ttl_s: int | None = None,
-    detached: bool = False,
-    egress: Sequence[str] | None = None,
-    net_mbps: int = DEFAULT_NET_MBPS,
-    disk_mbps: int = DEFAULT_DISK_MBPS,
-    disk_iops: int = DEFAULT_DISK_IOPS,
-    root: bool = False,
-    template: str = DEFAULT_TEMPLATE,
-    volumes: Sequence[VolumeMount] | None = None,
-    host_cpus: int | None = None,
-) -> SandboxSpec:
-    """Validate ``create`` arguments into a :class:`SandboxSpec` or raise ConfigError."""
-    host_cpus = host_cpus or os.cpu_count() or 1
-    c = _number("cpus", cpus, integer=False)
-    if not 0 < c <= host_cpus:
-        raise ConfigError(f"cpus={cpus!r} must be > 0 and <= the host's {host_cpus} cores")
-    m = _number("memory_mb", memory_mb, integer=True)
-    if m < MIN_MEMORY_MB:
-        raise ConfigError(f"memory_mb={memory_mb!r} must be at least {MIN_MEMORY_MB}")
-    if m > MAX_MEMORY_MB:
-        raise ConfigError(f"memory_mb={memory_mb!r} is larger than any host")
-    d = _number("disk_gb", disk_gb, integer=True)
-    if not 1 <= d <= MAX_DISK_GB:
-        raise ConfigError(f"disk_gb={disk_gb!r} must be between 1 and {MAX_DISK_GB}")
-    p = _number("pids_max", pids_max, integer=True)
-    if not MIN_PIDS_MAX <= p <= MAX_PIDS_MAX:
-        raise ConfigError(f"pids_max={pids_max!r} must be between {MIN_PIDS_MAX} and {MAX_PIDS_MAX}")
-    caps = {}
-    for cap_name, cap, top in (
-        ("net_mbps", net_mbps, MAX_NET_MBPS),
-        ("disk_mbps", disk_mbps, MAX_DISK_MBPS),
-        ("disk_iops", disk_iops, MAX_DISK_IOPS),
-    ):
-        v = _number(cap_name, cap, integer=True)
-        if not 0 <= v <= top:
-            raise ConfigError(f"{cap_name}={cap!r} must be between 0 (no cap) and {top}")
-        caps[cap_name] = int(v)
-    for flag_name, flag in (("internet", internet), ("detached", detached), ("root", root)):
-        if not isinstance(flag, bool):
-            raise ConfigError(f"{flag_name}={flag!r} must be True or False")
-    if ttl_s is not None:
-        t = _number("ttl_s", ttl_s, integer=True)
-        if not 0 < t <= MAX_TTL_S:
-            raise ConfigError(f"ttl_s={ttl_s!r} must be > 0 and <= {MAX_TTL_S}")
-    clean_labels: dict[str, str] = {}
+def check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    """Labels: keys of 1-63 of ``A-Z a-z 0-9 _ . - /``, values strings of at most 256 characters."""
+    if labels is not None and not isinstance(labels, Mapping):
+        raise ConfigError(f"labels={labels!r:.60} must be a mapping of strings")
+    clean: dict[str, str] = {}
     for key, value in (labels or {}).items():
         if not isinstance(key, str) or not _LABEL_KEY.fullmatch(key):
             raise ConfigError(f"label key {key!r} must be 1-63 of A-Z a-z 0-9 _ . - /")
         if not isinstance(value, str) or len(value) > 256 or "\x00" in value:
             raise ConfigError(f"label {key}={value!r} must be a string of at most 256 characters")
-        clean_labels[key] = value
-    return SandboxSpec(
-        hostname=check_hostname(hostname) if hostname is not None else None,
-        cpus=c,
-        memory_mb=int(m),
-        disk_gb=int(d),
-        pids_max=int(p),
-        internet=internet,
-        labels=clean_labels,
-        ttl_s=int(ttl_s) if ttl_s is not None else None,
-        detached=detached,
-        egress=check_egress(egress),
-        root=root,
-        template=check_template_name(template),
-        volumes=check_mounts(volumes),
-        **caps,
-    )
+        clean[key] = value
+    return clean
+
+
+def _check_number(opt: Option, value: Any, host_cpus: int) -> int | float:
+    """A number option within its declared range: "disk_gb=0 must be between 1 and 4096"."""
+    v = _number(opt.name, value, integer=opt.kind == "integer")
+    top = host_cpus if opt.host_bound == "cores" else opt.maximum
+    if opt.exclusive_minimum is not None:
+        above = v > opt.exclusive_minimum
+    else:
+        above = opt.minimum is None or v >= opt.minimum
+    if above and (top is None or v <= top):
+        return int(v) if opt.kind == "integer" else v
+    ceiling = f"the host's {top} cores" if opt.host_bound == "cores" else str(top)
+    if opt.exclusive_minimum is not None:
+        bounds = f"> {opt.exclusive_minimum}" + (f" and <= {ceiling}" if top is not None else "")
+    else:
+        floor = f"{opt.minimum} (no cap)" if opt.policy == "cap" else str(opt.minimum)
+        bounds = f"between {floor} and {ceiling}" if top is not None else f"at least {floor}"
+    raise ConfigError(f"{opt.name}={value!r} must be {bounds}")
+
+
+def check_create(
+    given: Mapping[str, Any], *, host_cpus: int | None = None
+) -> tuple[SandboxSpec, dict[str, Any]]:
+    """Validate ``create`` arguments (:class:`~sandbox_rt.options.CreateOptions`) by their declaration:
+    (the :class:`SandboxSpec`, the checked options that are not the spec's: how it is made) or a
+    ConfigError naming the first bad one. An option left out has the spec's default; None keeps a
+    spec default of None (no host name, no TTL) and means the empty default of a list, map or
+    template, but is no number (the host's defaults are the manager's to fill in first).
+
+    The one check every front door's create passes through (``Manager.create``)."""
+    declared = {o.name: o for o in all_options()}
+    for name in given:
+        if name not in declared:
+            raise TypeError(f"create() got an unexpected keyword argument {name!r}")
+    for opt in declared.values():
+        for other, why in opt.excludes.items():
+            if given.get(opt.name) is not None and given.get(other) is not None:
+                raise ConfigError(f"{other}= and {opt.name}= do not go together: {why}")
+    cores = host_cpus or os.cpu_count() or 1
+    blank = SandboxSpec()
+    spec: dict[str, Any] = {}
+    how: dict[str, Any] = {}
+    for opt in declared.values():
+        default = getattr(blank, opt.name) if opt.spec else None
+        value = given.get(opt.name)
+        if opt.name not in given and opt.spec_default is not None:
+            value = opt.spec_default
+        elif opt.name not in given or (value is None and opt.nullable and opt.host_default is None):
+            if not opt.spec:  # how it is made: absent means not asked for
+                continue
+            value = default
+        if value is None and default is None:
+            checked: Any = None
+        elif opt.kind in ("number", "integer"):
+            checked = _check_number(opt, value, cores)
+        elif opt.kind == "boolean":
+            if not isinstance(value, bool):
+                raise ConfigError(f"{opt.name}={value!r} must be True or False")
+            checked = value
+        elif opt.syntax is not None:
+            checked = SYNTAX[opt.syntax](value)
+        elif isinstance(value, str):
+            checked = value
+        else:
+            raise ConfigError(f"{opt.name}={value!r:.60} must be a string")
+        (spec if opt.spec else how)[opt.name] = checked
+    return SandboxSpec(**spec), how
+
+
+def make_spec(*, host_cpus: int | None = None, **given: Unpack[SpecOptions]) -> SandboxSpec:
+    """Validate ``create`` arguments into a :class:`SandboxSpec` or raise ConfigError (options that
+    are not the spec's are refused: :func:`check_create` takes those)."""
+    spec, how = check_create(given, host_cpus=host_cpus)
+    if how:
+        raise TypeError(f"make_spec() takes the spec's options only, not {', '.join(sorted(how))}")
+    return spec
 
 
 def respec(spec: SandboxSpec, **changes: Any) -> SandboxSpec:
@@ -354,3 +365,16 @@ def check_user(user: object, *, default: str, root_allowed: bool) -> str:
     if not root_allowed:
         raise StateConflict("user='root' needs a sandbox made with root=True (create(root=True))")
     return ROOT_USER
+
+
+# What a string option's value (or each of a list's, or a map's) must look like, by its declared
+# syntax (sandbox_rt.options): the checker returns it normalised, or raises ConfigError naming it.
+SYNTAX: dict[str, Callable[[Any], Any]] = {
+    "host_name": check_hostname,
+    "label_map": check_labels,
+    "destinations": check_egress,
+    "template_name": check_template_name,
+    "node_name": check_node_name,
+    "snapshot_name": check_snapshot_name,
+    "mounts": check_mounts,
+}

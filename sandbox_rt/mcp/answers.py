@@ -11,24 +11,10 @@ from typing import Literal
 from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
-from ..errors import (
-    BackendError,
-    CommandTimeout,
-    ConfigError,
-    ConnectionLost,
-    ExecError,
-    FileOperationError,
-    FirewallDisabled,
-    HostKeyMismatch,
-    PermissionDenied,
-    PolicyDenied,
-    SandboxError,
-    SandboxNotFound,
-    SandboxNotReady,
-    SnapshotNotFound,
-)
+from ..error_names import error_name
+from ..errors import CommandTimeout, FileOperationError, SandboxError
 from ..models import EntryInfo, ExecResult, SandboxStatus
-from .sessions import SandboxLike
+from ..protocols import SandboxLike
 
 __all__ = ["command_answer", "error_code", "internal_error", "ok", "tool_error"]
 
@@ -125,21 +111,8 @@ class Destroyed(BaseModel):
 
 
 def view(s: SandboxStatus) -> SandboxView:
-    return SandboxView(
-        id=s.id,
-        hostname=s.hostname,
-        ip=s.ip,
-        state=s.state,
-        cpus=s.cpus,
-        memory_mb=s.memory_mb,
-        disk_gb=s.disk_gb,
-        internet=s.internet,
-        egress=list(s.egress),
-        labels=dict(s.labels),
-        expires_at=s.expires_at,
-        uptime_s=s.uptime_s,
-        template=s.template,
-    )
+    """What a status shows the model: the view's fields, as the status has them."""
+    return SandboxView.model_validate({name: getattr(s, name) for name in SandboxView.model_fields})
 
 
 def entry(e: EntryInfo) -> Entry:
@@ -166,32 +139,13 @@ def ok(model: BaseModel, text: str | None = None) -> CallToolResult:
 
 
 # -- errors: the one place the runtime's errors become MCP tool errors -----------------------------------
-_CODES: tuple[tuple[type[SandboxError], str], ...] = (
-    (PolicyDenied, "policy_denied"),
-    (ConfigError, "invalid_argument"),
-    (SandboxNotFound, "not_found"),
-    (SnapshotNotFound, "snapshot_not_found"),
-    (CommandTimeout, "command_timeout"),
-    (ExecError, "command_failed"),
-    (FileOperationError, "file_error"),
-    (SandboxNotReady, "sandbox_not_ready"),
-    (HostKeyMismatch, "host_key_mismatch"),
-    (ConnectionLost, "connection_lost"),
-    (PermissionDenied, "backend_permission_denied"),
-    (FirewallDisabled, "firewall_disabled"),
-    (BackendError, "backend_error"),
-    (SandboxError, "conflict"),
-)
-
-
 def error_code(exc: SandboxError) -> str:
-    for cls, code in _CODES:
-        if isinstance(exc, cls):
-            number = exc.errno if isinstance(exc, FileOperationError) else None
-            if number is not None and number in errno.errorcode:
-                return f"{code}:{errno.errorcode[number]}"
-            return code
-    return "conflict"
+    """The tool error's code: the error's name (sandbox_rt.error_names), a file error's with its errno."""
+    code = error_name(exc).code
+    number = exc.errno if isinstance(exc, FileOperationError) else None
+    if number is not None and number in errno.errorcode:
+        return f"{code}:{errno.errorcode[number]}"
+    return code
 
 
 def tool_error(exc: SandboxError, max_output: int | None = None) -> CallToolResult:

@@ -6,10 +6,10 @@ Tools: ``create_sandbox``, ``run_command``, ``read_file``, ``write_file``, ``lis
 :class:`~sandbox_rt.Sandbox`; the one error tree becomes an MCP tool error (``isError``) in one place,
 :func:`tool_error`. A session sees only the sandboxes it made; each carries the labels
 ``mcp-session=<session>`` and ``mcp-server=<server>`` and a TTL (``McpOptions.default_ttl_s``), and
-goes when its session ends (:mod:`sandbox_rt.api.mcp_sessions`). Output handed to the model is
+goes when its session ends (:mod:`sandbox_rt.mcp.sessions`). Output handed to the model is
 capped (``max_output`` bytes per stream, with a marker saying what was dropped); so are file reads.
 
-Transports (stdio, streamable HTTP with a bearer token) are in :mod:`sandbox_rt.api.mcp_transport`.
+Transports (stdio, streamable HTTP with a bearer token) are in :mod:`sandbox_rt.mcp.transport`.
 """
 
 # no ``from __future__ import annotations``: the SDK reads the tools' signatures at registration, and
@@ -19,11 +19,12 @@ import binascii
 import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
 import re
 import secrets
-from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
@@ -34,15 +35,10 @@ from pydantic import Field
 from .. import __version__
 from ..errors import ConfigError, SandboxError, SnapshotNotFound
 from ..files import LIST_MAX_ENTRIES
-from ..models import (
-    DEFAULT_CPUS,
-    DEFAULT_DISK_GB,
-    DEFAULT_MEMORY_MB,
-    DEFAULT_PIDS_MAX,
-    ExecResult,
-    SnapshotInfo,
-)
+from ..models import ExecResult, SnapshotInfo
+from ..options import JSON_TYPES, door_options, named
 from ..policy import DoorPolicy
+from ..protocols import ManagerLike
 from ..validation import MAX_TTL_S, check_snapshot_name
 from ..web.limits import HTTP_LIMITS
 from .answers import (
@@ -64,7 +60,7 @@ from .answers import (
     tool_error,
     view,
 )
-from .sessions import SERVER_LABEL, SESSION_LABEL, ManagerLike, SessionSandboxes
+from .sessions import SERVER_LABEL, SESSION_LABEL, SessionSandboxes
 
 __all__ = ["McpOptions", "SandboxMcp", "tool_error"]
 
@@ -129,6 +125,33 @@ class McpOptions:
 
 
 # -- tool arguments --------------------------------------------------------------------------------
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def create_tool_signature(templates: Sequence[str], o: McpOptions, policy: DoorPolicy) -> Callable[[F], F]:
+    """Give ``create_sandbox(ctx, **given)`` the parameters the SDK publishes as its input schema:
+    the create options an MCP session may set (sandbox_rt.options), each typed by its JSON kind and
+    described for this server (its templates, its TTL bound, what its policy allows). Their values
+    are checked by the runtime, as every door's (ConfigError: a tool error ``invalid_argument``)."""
+    facts = {"templates": ", ".join(templates), "max_ttl_s": o.max_ttl_s}
+    ctx = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Context[Any, Any])
+    params = [ctx]
+    for opt in door_options("mcp"):
+        kind = JSON_TYPES[opt.kind]  # what the SDK checks an argument against
+        text = policy.describe(opt, (opt.mcp or opt.help).format(**facts))
+        annotation = cast(Any, Annotated)[kind | None if opt.nullable else kind, Field(description=text)]
+        default = opt.default_at("mcp")
+        params.append(inspect.Parameter(opt.name, ctx.kind, default=default, annotation=annotation))
+
+    def with_signature(fn: F) -> F:
+        returns = inspect.signature(fn).return_annotation
+        fn.__signature__ = inspect.Signature(params, return_annotation=returns)  # type: ignore[attr-defined]
+        fn.__annotations__ = {p.name: p.annotation for p in params} | {"return": returns}
+        return fn
+
+    return with_signature
+
+
 SandboxId = Annotated[str, Field(description="the sandbox's id, as create_sandbox returned it (sbx-...)")]
 Path = Annotated[str, Field(description="an absolute path in the sandbox, e.g. /home/sandbox/main.py")]
 Encoding = Literal["text", "base64"]
@@ -201,25 +224,24 @@ class SandboxMcp:
         return value
 
     # -- work (on worker threads) ----------------------------------------------------------------
-    def _create(self, key: str, spec: dict[str, Any]) -> SandboxView:
+    def _create(self, key: str, given: dict[str, Any]) -> SandboxView:
         o = self.options
-        self.policy.check_create(spec)  # root and caps: what the operator allows this server's clients
-        labels = dict(spec.pop("labels") or {})
+        # root and caps: what the operator allows this server's clients; detached: never (the session's)
+        kwargs = self.policy.admit(given, "mcp")
+        labels = dict(kwargs.pop("labels", None) or {})
         for reserved in (SESSION_LABEL, SERVER_LABEL):
             if reserved in labels:
                 raise ConfigError(f"label {reserved!r} is set by the MCP server")
-        labels.update({SESSION_LABEL: key, SERVER_LABEL: self.server_id})
-        ttl = spec.pop("ttl_s")
-        ttl = self._cap(ttl, o.default_ttl_s, o.max_ttl_s, "ttl_s")
-        snapshot = spec.get("from_snapshot")
+        kwargs["labels"] = {**labels, SESSION_LABEL: key, SERVER_LABEL: self.server_id}
+        kwargs["ttl_s"] = self._cap(kwargs.get("ttl_s"), o.default_ttl_s, o.max_ttl_s, "ttl_s")
+        snapshot = named(kwargs, "snapshot_name")  # the one it forks: the operator's or this session's
         if isinstance(snapshot, str) and not (
             snapshot in o.base_snapshots or self.sessions.has_snapshot(key, snapshot)
         ):
             raise SnapshotNotFound(snapshot)  # another session's snapshots are not this one's to fork
         self.sessions.reserve(key)
         try:
-            kwargs = {k: v for k, v in spec.items() if v is not None}
-            sandbox = self.manager.create(labels=labels, ttl_s=ttl, detached=False, **kwargs)
+            sandbox = self.manager.create(**kwargs)
         except BaseException:
             self.sessions.release(key)
             raise
@@ -275,16 +297,6 @@ class SandboxMcp:
         tool = self.server.tool
         o = self.options
         sessions = self.sessions
-        templates = self.manager.templates()
-        policy = self.policy
-
-        def cap(what: str, name: str) -> str:  # what the policy lets a session ask (DoorPolicy)
-            top = policy.ceiling(name)
-            return what if policy.allow_uncapped or not top else f"{what}, 1 to {top} (default {top})"
-
-        root_text = "commands may run as root (run_command user=root), e.g. apt-get"
-        if not policy.allow_root:
-            root_text += "; this server refuses it (its operator did not allow root)"
 
         @tool(
             name="create_sandbox",
@@ -296,58 +308,11 @@ class SandboxMcp:
             ),
             annotations=ToolAnnotations(destructive_hint=False, open_world_hint=False),
         )
+        @create_tool_signature(self.manager.templates(), o, self.policy)
         async def create_sandbox(
-            ctx: Context[Any, Any],
-            cpus: Annotated[float, Field(gt=0, description="CPU cores")] = DEFAULT_CPUS,
-            memory_mb: Annotated[int, Field(description="memory limit in MiB")] = DEFAULT_MEMORY_MB,
-            disk_gb: Annotated[int, Field(description="disk limit in GB")] = DEFAULT_DISK_GB,
-            pids_max: Annotated[int, Field(description="processes at most")] = DEFAULT_PIDS_MAX,
-            internet: Annotated[bool, Field(description="allow HTTP/HTTPS to the internet")] = False,
-            egress: Annotated[
-                list[str] | None,
-                Field(description="without internet, allow only these domains, IPv4 addresses or networks"),
-            ] = None,
-            hostname: Annotated[str | None, Field(description="host name (RFC 1123)")] = None,
-            labels: Annotated[dict[str, str] | None, Field(description="labels to find it by")] = None,
-            ttl_s: Annotated[
-                int | None, Field(description=f"seconds it may live, at most {o.max_ttl_s}")
-            ] = None,
-            from_snapshot: Annotated[
-                str | None, Field(description="fork a snapshot this session took (snapshot_sandbox)")
-            ] = None,
-            net_mbps: Annotated[
-                int | None, Field(description=cap("network cap, Mbit/s each way", "net_mbps"))
-            ] = None,
-            disk_mbps: Annotated[
-                int | None, Field(description=cap("disk bandwidth cap, MB/s", "disk_mbps"))
-            ] = None,
-            disk_iops: Annotated[
-                int | None, Field(description=cap("disk operations per second cap", "disk_iops"))
-            ] = None,
-            root: Annotated[bool, Field(description=root_text)] = False,
-            template: Annotated[
-                str | None,
-                Field(description=f"clone this template (one of: {', '.join(templates)}; default: default)"),
-            ] = None,
+            ctx: Context[Any, Any], **given: Any
         ) -> Annotated[CallToolResult, SandboxView]:
-            spec: dict[str, Any] = {
-                "cpus": cpus,
-                "memory_mb": memory_mb,
-                "disk_gb": disk_gb,
-                "pids_max": pids_max,
-                "internet": internet,
-                "egress": egress,
-                "hostname": hostname,
-                "labels": labels,
-                "ttl_s": ttl_s,
-                "from_snapshot": from_snapshot,
-                "net_mbps": net_mbps,
-                "disk_mbps": disk_mbps,
-                "disk_iops": disk_iops,
-                "root": root,
-                "template": template,
-            }
-            return await self._run(ctx, lambda key: self._create(key, spec), ok, o.max_output)
+            return await self._run(ctx, lambda key: self._create(key, given), ok, o.max_output)
 
         @tool(
             name="run_command",

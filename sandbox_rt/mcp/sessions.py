@@ -18,111 +18,17 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Protocol
 
 from ..errors import ConfigError, SandboxError, SandboxNotFound
-from ..models import (
-    DEFAULT_CPUS,
-    DEFAULT_DISK_GB,
-    DEFAULT_MEMORY_MB,
-    DEFAULT_PIDS_MAX,
-    EntryInfo,
-    ExecResult,
-    SandboxStatus,
-    SnapshotInfo,
-)
+from ..protocols import ManagerLike, SandboxLike
 from ..validation import check_sandbox_id
 
-__all__ = ["SERVER_LABEL", "SESSION_LABEL", "ManagerLike", "SandboxLike", "SessionSandboxes"]
+__all__ = ["SERVER_LABEL", "SESSION_LABEL", "SessionSandboxes"]
 
 log = logging.getLogger(__name__)
 
 SESSION_LABEL = "mcp-session"  # the session a sandbox was made in (sandbox-rt ls --label mcp-session=...)
 SERVER_LABEL = "mcp-server"  # the MCP server process that made it
-
-
-class FilesLike(Protocol):
-    def list(self, path: str, depth: int = 1, *, max_entries: int = ...) -> builtins.list[EntryInfo]: ...
-
-    def write(self, path: str, data: bytes | str, *, mode: int | None = None) -> EntryInfo: ...
-
-
-class SandboxLike(Protocol):
-    """What the MCP tools use of a :class:`~sandbox_rt.Sandbox` (tests use fakes)."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def hostname(self) -> str: ...
-
-    @property
-    def ip(self) -> str: ...
-
-    @property
-    def labels(self) -> dict[str, str]: ...
-
-    @property
-    def expires_at(self) -> float | None: ...
-
-    @property
-    def files(self) -> FilesLike: ...
-
-    def exec(
-        self,
-        command: str | Sequence[str],
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-        max_output: int = ...,
-        user: str | None = None,
-    ) -> ExecResult: ...
-
-    def read_file(self, path: str, *, max_bytes: int = ...) -> bytes: ...
-
-    def set_internet(self, enabled: bool) -> None: ...
-
-    def set_egress(self, egress: Sequence[str]) -> tuple[str, ...]: ...
-
-    def status(self) -> SandboxStatus: ...
-
-    def snapshot(self, name: str) -> SnapshotInfo: ...
-
-    def destroy(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class ManagerLike(Protocol):
-    """What the MCP server uses of a :class:`~sandbox_rt.Manager`."""
-
-    def create(
-        self,
-        *,
-        hostname: str | None = None,
-        cpus: float = DEFAULT_CPUS,
-        memory_mb: int = DEFAULT_MEMORY_MB,
-        disk_gb: int = DEFAULT_DISK_GB,
-        pids_max: int = DEFAULT_PIDS_MAX,
-        internet: bool = False,
-        labels: Mapping[str, str] | None = None,
-        ttl_s: int | None = None,
-        detached: bool = False,
-        egress: Sequence[str] | None = None,
-        net_mbps: int | None = None,
-        disk_mbps: int | None = None,
-        disk_iops: int | None = None,
-        root: bool = False,
-        template: str | None = None,
-        from_snapshot: str | None = None,
-    ) -> SandboxLike: ...
-
-    def templates(self) -> list[str]: ...
-
-    def delete_snapshot(self, name: str) -> None: ...
 
 
 @dataclasses.dataclass

@@ -28,8 +28,9 @@ from ..models import (
     SandboxStatus,
     SnapshotInfo,
 )
+from ..options import MAX_EGRESS_ENTRIES, Option, all_options
 from ..output_limits import MAX_NAME_BYTES
-from ..validation import MAX_EGRESS_ENTRIES, TEMPLATE_NAME, check_sandbox_id, check_snapshot_name
+from ..validation import TEMPLATE_NAME, check_sandbox_id, check_snapshot_name
 
 __all__ = [
     "bad_answer",
@@ -198,11 +199,28 @@ def parse_usage(value: Any) -> ResourceUsage:
     )
 
 
-_STATUS_FIELDS = {f.name for f in dataclasses.fields(SandboxStatus)}
+def read_option(opt: Option, value: Any, what: str) -> Any:
+    """A create option's value as the server reports it (its kind's reader; the ranges are loose: a
+    record may predate today's bounds)."""
+    if opt.kind == "number":
+        return read_num(value, what, 0, 1 << 16)
+    if opt.kind == "integer":
+        return read_int(value, what)
+    if opt.kind == "boolean":
+        return read_bool(value, what)
+    if opt.kind == "string_map":
+        return read_labels(value, what)
+    if opt.kind == "string_list":
+        return read_strings(value, what, opt.max_items or MAX_LIST_ENTRIES)
+    if opt.syntax == "template_name":
+        return read_template(value, what)
+    return read_str(value, what, 253)
 
 
 def parse_status(value: Any, expect_id: str | None = None) -> SandboxStatus:
-    """A sandbox's status (``GET /v1/sandboxes/{id}``, ``POST /v1/sandboxes``)."""
+    """A sandbox's status (``GET /v1/sandboxes/{id}``, ``POST /v1/sandboxes``): what it was made
+    with (the create options the status holds: each required unless the status has a default for
+    it, which older servers leave out) and its state."""
     data = read_object(value, "the status")
 
     def get(name: str) -> Any:
@@ -212,23 +230,19 @@ def parse_status(value: Any, expect_id: str | None = None) -> SandboxStatus:
         "id": read_sandbox_id(get("id"), "status.id", expect_id),
         "state": read_str(get("state"), "status.state", 32),
         "ip": read_ip(get("ip"), "status.ip"),
-        "hostname": read_str(get("hostname"), "status.hostname", 253),
-        "cpus": read_num(get("cpus"), "status.cpus", 0, 1 << 16),
-        "memory_mb": read_int(get("memory_mb"), "status.memory_mb"),
-        "disk_gb": read_int(get("disk_gb"), "status.disk_gb"),
-        "internet": read_bool(get("internet"), "status.internet"),
         "uptime_s": read_opt(read_num, get("uptime_s"), "status.uptime_s"),
         "usage": parse_usage(get("usage")),
-        "labels": read_labels(get("labels"), "status.labels"),
         "expires_at": read_opt(read_num, get("expires_at"), "status.expires_at"),
-        "egress": read_strings(data.get("egress", []), "status.egress", MAX_EGRESS_ENTRIES),
     }
-    for cap in ("net_mbps", "disk_mbps", "disk_iops"):  # caps: present on servers that have them
-        if cap in _STATUS_FIELDS and cap in data:
-            kwargs[cap] = read_int(data[cap], f"status.{cap}")
-    if "template" in data:  # newer servers
-        kwargs["template"] = read_template(data["template"], "status.template")
+    for opt in all_options():
+        field = _STATUS_FIELDS.get(opt.name)
+        if field is None or (opt.name not in data and field.default is not dataclasses.MISSING):
+            continue
+        kwargs[opt.name] = read_option(opt, get(opt.name), f"status.{opt.name}")
     return SandboxStatus(**kwargs)
+
+
+_STATUS_FIELDS = {f.name: f for f in dataclasses.fields(SandboxStatus)}
 
 
 def read_template(value: Any, what: str) -> str:
@@ -248,23 +262,15 @@ def parse_templates(value: Any) -> list[str]:
 
 def parse_record(value: Any) -> SandboxRecord:
     """A list entry. The API lists what the backend knows without connecting: no host key, no
-    owner (those fields are empty), and of the spec only the limits and labels."""
+    owner (those fields are empty), and of the spec the create options it lists (their
+    declaration's ``listed``: always, or by newer servers)."""
     data = read_object(value, "a list entry")
 
     def get(name: str) -> Any:
         return read_member(data, name, "a list entry")
 
-    spec = SandboxSpec(
-        cpus=read_num(get("cpus"), "sandbox.cpus", 0, 1 << 16),
-        memory_mb=read_int(get("memory_mb"), "sandbox.memory_mb"),
-        disk_gb=read_int(get("disk_gb"), "sandbox.disk_gb"),
-        pids_max=read_int(get("pids_max"), "sandbox.pids_max"),
-        labels=read_labels(get("labels"), "sandbox.labels"),
-        root=read_bool(data["root"], "sandbox.root") if "root" in data else False,  # newer servers
-        template=(
-            read_template(data["template"], "sandbox.template") if "template" in data else DEFAULT_TEMPLATE
-        ),
-    )
+    listed = (o for o in all_options() if o.listed == "always" or (o.listed and o.name in data))
+    spec = SandboxSpec(**{o.name: read_option(o, get(o.name), f"sandbox.{o.name}") for o in listed})
     return SandboxRecord(
         id=read_sandbox_id(get("id"), "sandbox.id"),
         hostname=read_str(get("hostname"), "sandbox.hostname", 253),

@@ -8,7 +8,7 @@ import logging
 import os
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from ..api_token import check_token, is_loopback, load_token  # the server's token rules, shared
 from ..errors import ConfigError
@@ -22,6 +22,7 @@ from ..models import (
     SnapshotInfo,
     VolumeMount,
 )
+from ..options import CreateOptions, door_options, mounts_to_wire, named, take
 from ..output_limits import DEFAULT_READ_MAX_BYTES
 from ..validation import (
     MAX_TTL_S,
@@ -70,59 +71,28 @@ def _none(_body: bytes) -> None:
     return None
 
 
-def create(
-    *,
-    hostname: str | None = None,
-    cpus: float | None = None,
-    memory_mb: int | None = None,
-    disk_gb: int | None = None,
-    pids_max: int | None = None,
-    internet: bool | None = None,
-    labels: Mapping[str, str] | None = None,
-    ttl_s: int | None = None,
-    detached: bool | None = None,
-    egress: Sequence[str] | None = None,
-    from_snapshot: str | None = None,
-    net_mbps: int | None = None,
-    disk_mbps: int | None = None,
-    disk_iops: int | None = None,
-    root: bool | None = None,
-    template: str | None = None,
-    volumes: Sequence[VolumeMount] | None = None,
-    node: str | None = None,
-) -> Call[SandboxStatus]:
-    """``POST /v1/sandboxes``; fields left None take the server's defaults."""
-    if egress is not None and (isinstance(egress, str | bytes) or not isinstance(egress, Sequence)):
-        raise ConfigError(f"egress={egress!r:.60} must be a list of addresses, networks or domain names")
-    if labels is not None and not isinstance(labels, Mapping):
-        raise ConfigError(f"labels={labels!r:.60} must be a mapping of strings")
-    fields: dict[str, Any] = {
-        "hostname": hostname,
-        "cpus": cpus,
-        "memory_mb": memory_mb,
-        "disk_gb": disk_gb,
-        "pids_max": pids_max,
-        "internet": internet,
-        "labels": dict(labels) if labels is not None else None,
-        "ttl_s": ttl_s,
-        "detached": detached,
-        "egress": list(egress) if egress is not None else None,
-        "from_snapshot": from_snapshot,
-        "net_mbps": net_mbps,
-        "disk_mbps": disk_mbps,
-        "disk_iops": disk_iops,
-        "root": root or None,  # sent only when asked for (servers without it answer 400 otherwise)
-        "template": template,
-        "volumes": _volume_map(volumes) if volumes else None,
-        "node": node,
-    }
-    body = {k: v for k, v in fields.items() if v is not None}
+def create(**options: Unpack[CreateOptions]) -> Call[SandboxStatus]:
+    """``POST /v1/sandboxes``: the options given, as the API spells them; what is left out (or None,
+    or the API's own default) takes the server's default, so a server that predates an option
+    still serves a create that does not ask for it."""
+    take(options, "http")  # a name that is no create option is a TypeError, as in process
+    body: dict[str, Any] = {}
+    for opt in door_options("http"):
+        value = options.get(opt.name)
+        if value is None or value == opt.default_at("http"):
+            continue
+        if opt.kind == "string_list" and (isinstance(value, str | bytes) or not isinstance(value, Sequence)):
+            raise ConfigError(f"{opt.name}={value!r:.60} must be a list of strings")
+        if opt.kind == "string_map" and not isinstance(value, Mapping):
+            raise ConfigError(f"{opt.name}={value!r:.60} must be a mapping of strings")
+        wire = _WIRE.get(opt.kind)
+        body[opt.name] = wire(value) if wire is not None else value
     return Call(
         "POST",
         "/v1/sandboxes",
         201,
         lambda raw: answers.parse_status(answers.decode_json(raw, "the create answer")),
-        ErrorContext(snapshot=from_snapshot),
+        ErrorContext(snapshot=named(options, "snapshot_name")),  # a 404 names the snapshot forked
         json=body,
     )
 
@@ -130,11 +100,11 @@ def create(
 def _volume_map(volumes: Sequence[VolumeMount]) -> dict[str, dict[str, Any]]:
     """The API's ``volumes``: mount path -> its source (checked first: a mount path given twice
     would otherwise be lost in the map)."""
-    out: dict[str, dict[str, Any]] = {}
-    for m in check_mounts(volumes):
-        source = {"volume": m.volume} if m.volume is not None else {"host_path": m.host_path}
-        out[m.mount_path] = {**source, "sub_path": m.sub_path, "read_only": m.read_only}
-    return out
+    return mounts_to_wire(check_mounts(volumes))
+
+
+# how a create option of each kind goes into the JSON body (the rest as it is)
+_WIRE: dict[str, Callable[[Any], Any]] = {"string_list": list, "string_map": dict, "mounts": _volume_map}
 
 
 def _listing(path: str, parse: Callable[[Any], T], what: str) -> Call[T]:

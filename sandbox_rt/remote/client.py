@@ -7,23 +7,13 @@ import builtins
 import contextlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, Unpack, overload
 
 import httpx
 
 from ..errors import SandboxError, SandboxNotFound
-from ..models import (
-    DEFAULT_CPUS,
-    DEFAULT_DISK_GB,
-    DEFAULT_MEMORY_MB,
-    DEFAULT_PIDS_MAX,
-    ExecResult,
-    OutputChunk,
-    SandboxRecord,
-    SandboxStatus,
-    SnapshotInfo,
-    VolumeMount,
-)
+from ..models import ExecResult, OutputChunk, SandboxRecord, SandboxStatus, SnapshotInfo
+from ..options import CreateOptions
 from ..output_limits import DEFAULT_MAX_OUTPUT, DEFAULT_READ_MAX_BYTES
 from . import calls, error_map, events, wire
 from .error_map import ErrorContext
@@ -125,52 +115,11 @@ class Client:
             raise wire.transport_error(exc, self.url) from None
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def create(
-        self,
-        *,
-        hostname: str | None = None,
-        cpus: float = DEFAULT_CPUS,
-        memory_mb: int = DEFAULT_MEMORY_MB,
-        disk_gb: int = DEFAULT_DISK_GB,
-        pids_max: int = DEFAULT_PIDS_MAX,
-        internet: bool = False,
-        labels: Mapping[str, str] | None = None,
-        ttl_s: int | None = None,
-        detached: bool | None = None,
-        egress: Sequence[str] | None = None,
-        from_snapshot: str | None = None,
-        net_mbps: int | None = None,
-        disk_mbps: int | None = None,
-        disk_iops: int | None = None,
-        root: bool = False,
-        template: str | None = None,
-        volumes: Sequence[VolumeMount] | None = None,
-        node: str | None = None,
-    ) -> RemoteSandbox:
-        """A new sandbox (all or nothing, on the server). ``ttl_s`` None: the server's default;
-        ``detached`` None: the API's default (true: it lives by its TTL, not by the server process)."""
-        status = self._send(
-            calls.create(
-                hostname=hostname,
-                cpus=cpus,
-                memory_mb=memory_mb,
-                disk_gb=disk_gb,
-                pids_max=pids_max,
-                internet=internet,
-                labels=labels,
-                ttl_s=ttl_s,
-                detached=detached,
-                egress=egress,
-                from_snapshot=from_snapshot,
-                net_mbps=net_mbps,
-                disk_mbps=disk_mbps,
-                disk_iops=disk_iops,
-                root=root,
-                template=template,
-                volumes=volumes,
-                node=node,
-            )
-        )
+    def create(self, **options: Unpack[CreateOptions]) -> RemoteSandbox:
+        """A new sandbox (all or nothing, on the server); the options are ``Manager.create``'s
+        (:class:`~sandbox_rt.options.CreateOptions`). Left out: the server's defaults (``ttl_s``: its
+        host's; ``detached``: true, it lives by its TTL, not by the server process)."""
+        status = self._send(calls.create(**options))
         return RemoteSandbox(self, status)
 
     def attach(self, sandbox_id: str) -> RemoteSandbox:

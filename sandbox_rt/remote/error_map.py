@@ -11,23 +11,17 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ..error_names import same_code
 from ..errors import (
     BackendError,
     CommandTimeout,
     ConfigError,
-    ConnectionLost,
     FileOperationError,
-    FirewallDisabled,
-    HostKeyMismatch,
     PermissionDenied,
-    PolicyDenied,
     ProcessNotFound,
     SandboxError,
     SandboxNotFound,
-    SandboxNotReady,
     SnapshotNotFound,
-    StateConflict,
-    VolumeNotAllowed,
     VolumeNotFound,
 )
 from ..output_limits import DEFAULT_MAX_OUTPUT
@@ -76,6 +70,13 @@ _FILE_CODES = {
 }
 
 
+def _from_message(cls: type[SandboxError]) -> bool:
+    """Whether ``cls(message)`` makes one: no class of the tree on its way takes more (BackendError
+    takes the message first)."""
+    tree = (k for k in cls.__mro__ if issubclass(k, SandboxError) and k is not BackendError)
+    return all("__init__" not in vars(k) for k in tree)
+
+
 def answer_error(status: int, body: bytes, ctx: ErrorContext) -> SandboxError:
     """The exception for an error answer (any status but the one the call expects)."""
     code: str = _STATUS_CODES.get(status, "http_error")
@@ -102,13 +103,9 @@ def error_from_answer(
     The one place that maps the API's error bodies back onto :mod:`sandbox_rt.errors`; the
     server's ``type`` refines a code only into one of that code's own subclasses.
     """
-    kind = detail.get("type") if isinstance(detail.get("type"), str) else ""
-    if code == "invalid_argument" or code in ("payload_too_large", "uri_too_long"):
+    kind = str(detail["type"]) if isinstance(detail.get("type"), str) else ""
+    if code in ("payload_too_large", "uri_too_long"):  # the gate's, before a route ran
         return ConfigError(message)
-    if code == "volume_not_allowed":
-        return VolumeNotAllowed(message)
-    if code == "policy_denied":
-        return PolicyDenied(message)
     if code == "not_found":
         if kind == "SnapshotNotFound" and ctx.snapshot is not None:
             return SnapshotNotFound(ctx.snapshot)
@@ -139,16 +136,14 @@ def error_from_answer(
                 out, err = b"", b""
         seconds = float(timeout) if isinstance(timeout, int | float) and math.isfinite(timeout) else 0.0
         return CommandTimeout(ctx.command or "", seconds, out, err)
-    if code == "sandbox_not_ready":
-        return SandboxNotReady(message)
-    if code == "connection_lost":
-        return HostKeyMismatch(message) if kind == "HostKeyMismatch" else ConnectionLost(message)
     if code in ("unauthorized", "backend_permission_denied"):
         why = "the server refused the API token" if code == "unauthorized" else message
         return PermissionDenied(why, step=STEP)
-    if code == "backend_error":
-        cls = FirewallDisabled if kind == "FirewallDisabled" else BackendError
+    # the others are made from their message: the class error_names gives the code and type (a type
+    # that needs more than a message to be made, e.g. ExecError, reads as its code's plainest class)
+    cls = same_code(code, kind)
+    if cls is not None and not _from_message(cls):
+        cls = same_code(code, "")
+    if cls is not None:
         return cls(message)
-    if code == "conflict":
-        return StateConflict(message) if kind == "StateConflict" else SandboxError(message)
     return BackendError(f"{message} (HTTP {status}, {code})", step=STEP)

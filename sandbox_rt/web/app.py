@@ -25,7 +25,9 @@ from .. import __version__
 from ..caps import pid_budget, read_pid_max
 from ..config import Settings
 from ..errors import ConnectionLost, SandboxError, SandboxNotFound
+from ..options import door_options
 from ..policy import DoorPolicy
+from ..protocols import ManagerLike
 from . import native, processes, schemas
 from .bodies import describe_errors
 from .errors import HttpError, error_for
@@ -34,7 +36,7 @@ from .limits import HTTP_LIMITS, HttpLimits
 from .native import PUBLIC_PATHS
 from .openapi import NATIVE_LINKS, build_document, size_text
 from .params import Context
-from .runtime import ManagerLike, SandboxCache
+from .runtime import SandboxCache
 
 __all__ = ["build_app", "openapi_document"]
 
@@ -96,10 +98,16 @@ def served_document(manager: ManagerLike) -> dict[str, Any]:
     names it has, its cores), so that every request the document allows is one the host accepts."""
     doc = openapi_document()
     create = doc["components"]["schemas"]["CreateSandboxRequest"]["properties"]
-    create["template"]["enum"] = [*manager.templates(), None]
-    create["cpus"]["maximum"] = os.cpu_count() or 1
-    create["node"]["enum"] = [*_nodes(manager), None]
-    create["pids_max"]["maximum"] = _pids_max(manager, create["pids_max"]["maximum"])
+    for opt in door_options("http"):  # each option bound by what only this host knows (its declaration)
+        prop, null = create[opt.name], [None] if opt.nullable else []
+        if opt.host_bound == "cores":
+            prop["maximum"] = os.cpu_count() or 1
+        elif opt.host_bound == "pids_budget":
+            prop["maximum"] = _pids_max(manager, prop["maximum"])
+        elif opt.host_bound == "templates":
+            prop["enum"] = [*manager.templates(), *null]
+        elif opt.host_bound == "nodes":
+            prop["enum"] = [*_nodes(manager), *null]
     return doc
 
 

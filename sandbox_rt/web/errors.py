@@ -11,23 +11,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import (
-    BackendError,
-    CommandTimeout,
-    ConfigError,
-    ConnectionLost,
-    FileOperationError,
-    PermissionDenied,
-    PolicyDenied,
-    ProcessNotFound,
-    SandboxError,
-    SandboxNotFound,
-    SandboxNotReady,
-    SnapshotNotFound,
-    StateConflict,
-    VolumeNotAllowed,
-    VolumeNotFound,
-)
+from ..error_names import error_name
+from ..errors import CommandTimeout, FileOperationError, SandboxError
 
 __all__ = ["ENCODINGS", "HttpError", "encode_output", "error_for", "json_type"]
 
@@ -103,43 +88,24 @@ def encode_output(data: bytes, encoding: str) -> str:
 
 
 def error_for(exc: SandboxError, encoding: str = "utf-8") -> HttpError:
-    """The HTTP answer for a runtime error (see the table in docs/http-api.md)."""
-    message = str(exc)
+    """The HTTP answer for a runtime error: its status and code as :mod:`sandbox_rt.error_names`
+    declares them (the table in docs/http-api.md), a file error's by its errno, and what a command
+    printed until its timeout."""
+    name = error_name(exc)
+    status, code = name.status, name.http_code
     extra: dict[str, Any] = {"type": type(exc).__name__}
-    if isinstance(exc, StateConflict):
-        return HttpError(409, "conflict", message, extra=extra)
-    if isinstance(exc, VolumeNotAllowed):  # a well-formed mount this host refuses to make
-        return HttpError(403, "volume_not_allowed", message, extra=extra)
-    if isinstance(exc, PolicyDenied):  # what this server's operator does not let clients ask
-        return HttpError(403, "policy_denied", message, extra=extra)
-    if isinstance(exc, ConfigError):
-        return HttpError(400, "invalid_argument", message, extra=extra)
-    if isinstance(exc, SandboxNotFound | SnapshotNotFound | ProcessNotFound | VolumeNotFound):
-        return HttpError(404, "not_found", message, extra=extra)
     if isinstance(exc, CommandTimeout):
-        # 504, not 408: clients and proxies may silently retry a 408, which would run the command again
         extra.update(
             timeout_s=exc.timeout,
             encoding=encoding,
             stdout=encode_output(exc.stdout, encoding),
             stderr=encode_output(exc.stderr, encoding),
         )
-        return HttpError(504, "command_timeout", message, extra=extra)
-    if isinstance(exc, FileOperationError):
-        status, code = _FILE_ERRNO.get(exc.errno or 0, (500, "file_error"))
+    elif isinstance(exc, FileOperationError):
+        status, code = _FILE_ERRNO.get(exc.errno or 0, (status, code))
         if exc.filename is not None:
             extra["path"] = exc.filename
-        return HttpError(status, code, message, extra=extra)
-    if isinstance(exc, SandboxNotReady):
-        return HttpError(503, "sandbox_not_ready", message, extra=extra)
-    if isinstance(exc, ConnectionLost):
-        return HttpError(502, "connection_lost", message, extra=extra)
-    if isinstance(exc, PermissionDenied):  # the engine refused *our* credentials: not the caller's fault
-        return HttpError(502, "backend_permission_denied", message, extra=extra)
-    if isinstance(exc, BackendError):
-        return HttpError(502, "backend_error", message, extra=extra)
-    # plain SandboxError: e.g. "sandbox ... is stopped, not running"
-    return HttpError(409, "conflict", message, extra=extra)
+    return HttpError(status, code, str(exc), extra=extra)
 
 
 def json_type(value: Any) -> str:

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
 
 from .. import __version__
 from ..errors import ConfigError, SandboxError
@@ -29,8 +30,9 @@ from ..models import (
     SandboxStatus,
     SnapshotInfo,
     VolumeInfo,
-    VolumeMount,
 )
+from ..options import CREATE_NOTES, all_options
+from ..protocols import VolumeRuntime, VolumesLike
 from . import schemas as s
 from .bodies import strict_query
 from .errors import ENCODINGS, HttpError, encode_output
@@ -46,7 +48,7 @@ from .params import (
     json_body,
     json_request,
 )
-from .runtime import VolumeRuntime, VolumesLike, quiet_close
+from .runtime import quiet_close
 from .sse import SSE_SCHEMA, exec_events
 
 __all__ = ["PUBLIC_PATHS", "router"]
@@ -119,23 +121,18 @@ def list_templates(ctx: Ctx) -> dict[str, Any]:
             "description": "Created and running.",
             "headers": {"Location": {"schema": {"type": "string"}, "description": "/v1/sandboxes/{id}"}},
         },
-        **errors("400", "401", "403", "404", "409", "413", "500", "502", "503", notes=s.CREATE_NOTES),
+        **errors("400", "401", "403", "404", "409", "413", "500", "502", "503", notes=CREATE_NOTES),
     },
     openapi_extra=json_request(s.CreateSandboxRequest, required=False),
 )
 def create_sandbox(
     ctx: Ctx,
     response: Response,
-    body: Annotated[
-        s.CreateSandboxRequest, Depends(json_body(s.CreateSandboxRequest, "create", required=False))
-    ],
+    body: Annotated[s.RequestBody, Depends(json_body(s.CreateSandboxRequest, "create", required=False))],
 ) -> SandboxStatus:
-    given = body.model_dump(include=body.model_fields_set)
-    kwargs = {k: v for k, v in given.items() if v is not None}
-    kwargs.setdefault("detached", True)  # lives by its TTL, not by this server process
-    ctx.policy.check_create(kwargs)  # root and caps: what the operator allows this server's clients
-    if "volumes" in kwargs:
-        kwargs["volumes"] = [VolumeMount(path, **source) for path, source in kwargs["volumes"].items()]
+    # the API's defaults added (detached: it lives by its TTL, not by this server process), and what
+    # the operator allows this server's clients (root, the caps) checked before anything is made
+    kwargs = ctx.policy.admit({name: getattr(body, name) for name in body.model_fields_set}, "http")
     sb = ctx.manager.create(**kwargs)
     try:
         status = sb.status()
@@ -149,9 +146,9 @@ def create_sandbox(
     return status
 
 
-def _record(r: SandboxRecord) -> s.SandboxInfo:
+def _record(r: SandboxRecord) -> BaseModel:
     """A list entry: what the backend knows without connecting (no host key, no live state)."""
-    spec = r.spec
+    listed = {o.name: getattr(r.spec, o.name) for o in all_options() if o.listed}
     return s.SandboxInfo(
         id=r.id,
         hostname=r.hostname,
@@ -159,16 +156,7 @@ def _record(r: SandboxRecord) -> s.SandboxInfo:
         backend=r.backend,
         created_at=r.created_at,
         expires_at=r.expires_at,
-        labels=dict(spec.labels),
-        cpus=spec.cpus,
-        memory_mb=spec.memory_mb,
-        disk_gb=spec.disk_gb,
-        pids_max=spec.pids_max,
-        net_mbps=spec.net_mbps,
-        disk_mbps=spec.disk_mbps,
-        disk_iops=spec.disk_iops,
-        root=spec.root,
-        template=spec.template,
+        **listed,
     )
 
 
@@ -188,7 +176,7 @@ def list_sandboxes(
             json_schema_extra={"items": {"type": "string", "pattern": "^[^=]+="}},
         ),
     ] = None,
-) -> s.SandboxList:
+) -> BaseModel:
     labels: dict[str, str] = {}
     for item in label or []:
         key, sep, value = item.partition("=")

@@ -11,12 +11,13 @@ from fastapi import Depends, Path, Query, Request
 from pydantic import AfterValidator, BaseModel
 
 from ..policy import DoorPolicy
+from ..protocols import ManagerLike
 from ..validation import check_sandbox_id, check_snapshot_name
 from ..volumes import check_volume_name
 from . import schemas as s
 from .bodies import check_json_media_type, parse_body
 from .limits import HttpLimits
-from .runtime import ManagerLike, SandboxCache
+from .runtime import SandboxCache
 
 __all__ = [
     "Context",

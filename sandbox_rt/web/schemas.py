@@ -1,39 +1,29 @@
 """The request and answer bodies of the native HTTP API, in one place: the routes validate with
 them and the OpenAPI document is generated from them. Limits are quoted from
-:mod:`sandbox_rt.validation`, :mod:`sandbox_rt.caps` and :mod:`sandbox_rt.limits`, which the
+:mod:`sandbox_rt.validation`, :mod:`sandbox_rt.caps` and :mod:`sandbox_rt.output_limits`, which the
 runtime enforces. Answers that are a runtime record as it is (status, snapshot, file entry) use the
 runtime's dataclasses from :mod:`sandbox_rt.models` directly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
-from ..caps import MAX_DISK_IOPS, MAX_DISK_MBPS, MAX_NET_MBPS
-from ..models import (
-    DEFAULT_CPUS,
-    DEFAULT_DISK_GB,
-    DEFAULT_MEMORY_MB,
-    DEFAULT_PIDS_MAX,
-    DEFAULT_TEMPLATE,
-    EntryInfo,
-    SnapshotInfo,
-    VolumeInfo,
+from ..models import DEFAULT_TEMPLATE, EntryInfo, SnapshotInfo, VolumeInfo, VolumeMount
+from ..options import (
+    JSON_TYPES,
+    MAX_EGRESS_ENTRIES,
+    MAX_TTL_S,
+    Option,
+    all_options,
+    door_options,
+    mounts_from_wire,
 )
 from ..output_limits import DEFAULT_MAX_OUTPUT
-from ..validation import (
-    MAX_DISK_GB,
-    MAX_EGRESS_ENTRIES,
-    MAX_MEMORY_MB,
-    MAX_PIDS_MAX,
-    MAX_TTL_S,
-    MIN_MEMORY_MB,
-    MIN_PIDS_MAX,
-    NODE_NAME,
-    TEMPLATE_NAME,
-)
+from ..validation import NODE_NAME, TEMPLATE_NAME
 from ..volumes.checks import ABSOLUTE_PATH, MAX_MOUNTS, MAX_PATH, MOUNT_PATH, RELATIVE_PATH, VOLUME_NAME
 from .kinds import Kind, exact
 
@@ -113,23 +103,6 @@ _LABELS_DOC = {
     "additionalProperties": {"type": "string", "maxLength": 256, "pattern": NO_NUL_PATTERN},
     "examples": [{"agent": "a1"}],
 }
-_CAP_TEXT = {
-    "net_mbps": "Network bandwidth each way, Mbit/s (LXC: the runtime's SSH session is not counted).",
-    "disk_mbps": "Disk bandwidth, MB/s, each of read and write, on the host's sandbox storage.",
-    "disk_iops": "Disk operations per second, each of read and write, on the host's sandbox storage.",
-}
-
-
-def _cap(name: str, top: int) -> Any:
-    return Field(
-        default=None,
-        description=f"{_CAP_TEXT[name]} Default (absent or null): the host's default_{name}; 0: none. "
-        "0 or more than the host's default is 403 policy_denied unless the server runs with "
-        "--allow-uncapped.",
-        json_schema_extra={"minimum": 0, "maximum": top},
-    )
-
-
 # an answer's patterns are documentation (the server made the value): no regex engine runs them
 _SANDBOX_ID: Any = Field(json_schema_extra={"pattern": SANDBOX_ID_PATTERN, "examples": ["sbx-0123456789"]})
 
@@ -167,92 +140,73 @@ class VolumeSource(RequestBody):
     )
 
 
-class CreateSandboxRequest(RequestBody):
-    """The arguments of sandbox_rt.Manager.create(); every field is optional."""
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra=not_both("template", "from_snapshot"))
-
-    hostname: Annotated[Any, Kind("string", nullable=True, pattern=HOSTNAME_PATTERN)] = Field(
-        default=None, description="RFC 1123 host name (default: the sandbox id)."
-    )
-    cpus: Annotated[Any, Kind("number", exclusiveMinimum=0)] = Field(
-        default=DEFAULT_CPUS, description="<= host cores"
-    )
-    memory_mb: Annotated[Any, Kind("integer", minimum=MIN_MEMORY_MB, maximum=MAX_MEMORY_MB)] = (
-        DEFAULT_MEMORY_MB
-    )
-    disk_gb: Annotated[Any, Kind("integer", minimum=1, maximum=MAX_DISK_GB)] = DEFAULT_DISK_GB
-    pids_max: Annotated[Any, Kind("integer", minimum=MIN_PIDS_MAX, maximum=MAX_PIDS_MAX)] = Field(
-        default=DEFAULT_PIDS_MAX,
-        description="Processes and threads at most. LXC: at most the host's pids budget (kernel.pid_max "
-        "less 1/8; the served document's maximum is this host's), and all sandboxes together within "
-        "it (409 while they hold it). Proxmox VE: at most the node's ceiling (400 after the start).",
-    )
-    internet: Annotated[Any, Kind("boolean")] = Field(default=False, description="HTTP/HTTPS egress allowed")
-    labels: Annotated[Any, Kind("string_map", nullable=True, **_LABELS_DOC)] = None
-    ttl_s: Annotated[Any, Kind("integer", nullable=True, minimum=1, maximum=MAX_TTL_S)] = Field(
-        default=None,
-        description="Lifetime in seconds; gc/the reaper destroy it afterwards (default: the host's "
-        "default_ttl_s).",
-    )
-    detached: Annotated[Any, Kind("boolean")] = Field(
-        default=True,
-        description="True (the API's default): the sandbox lives by its TTL, not by the server "
-        "process, so a server restart does not make it an orphan.",
-    )
-    egress: Annotated[
-        Any, Kind("string_list", nullable=True, maxItems=MAX_EGRESS_ENTRIES, items=_EGRESS_ITEMS)
-    ] = Field(
-        default=None,
-        description="Without internet, reach only these IPv4 addresses, networks and domain names "
-        "(resolved by the host's DNS; lxc backend) on the internet ports.",
-    )
-    from_snapshot: Annotated[Any, Kind("string", nullable=True, pattern=SNAPSHOT_NAME_PATTERN)] = Field(
-        default=None,
-        description="Fork this snapshot (its files, a new identity) instead of the template; 404 if "
-        "there is none.",
-    )
-    net_mbps: Annotated[Any, Kind("integer", nullable=True)] = _cap("net_mbps", MAX_NET_MBPS)
-    disk_mbps: Annotated[Any, Kind("integer", nullable=True)] = _cap("disk_mbps", MAX_DISK_MBPS)
-    disk_iops: Annotated[Any, Kind("integer", nullable=True)] = _cap("disk_iops", MAX_DISK_IOPS)
-    root: Annotated[Any, Kind("boolean")] = Field(
-        default=False,
-        description="Root on request: commands may run as the sandbox's root (exec with user=root), "
-        "e.g. apt-get install through the egress list. The container stays unprivileged; never "
-        "taken from the warm pool. 403 policy_denied unless the server runs with --allow-root.",
-    )
-    template: Annotated[Any, Kind("string", nullable=True, pattern=TEMPLATE_PATTERN)] = Field(
-        default=None,
-        description=f"Clone this named template (GET /v1/templates; default: {DEFAULT_TEMPLATE!r}); an "
-        "unknown name is a 400 naming the known ones. Not with from_snapshot (a fork has its "
-        "snapshot's template): 400.",
-    )
-    node: Annotated[Any, Kind("string", nullable=True, pattern=exact(NODE_NAME.pattern))] = Field(
-        default=None,
-        description="Proxmox VE cluster: make it on this node instead of where the placement policy "
-        "puts it (docs/proxmox.md); the served document lists this host's nodes. 400 on a backend "
-        "with one host, for an unknown node or one without the template; not with from_snapshot.",
-    )
-    volumes: dict[str, VolumeSource] | None = Field(
-        default=None,
-        description="Mount path in the sandbox -> what is mounted there (lxc backend): absolute, not "
-        "/ nor a system directory; a mount inside another's path gets its mount point made there.",
-        json_schema_extra={
-            "maxProperties": MAX_MOUNTS,
-            "propertyNames": {"maxLength": MAX_PATH, "pattern": MOUNT_PATH_PATTERN},
-        },
-    )
-
-
-# what a create's 400 and 409 mean beyond the shared text (POST /v1/sandboxes)
-CREATE_NOTES = {
-    "400": "On create also a value this host cannot give one sandbox: cpus above its cores or "
-    "pids_max above its pids budget (the served document's maxima are this host's), a template or "
-    "node it lacks; on Proxmox VE a cap above the node's ceiling (pids_max, disk_mbps, disk_iops: "
-    "the node's, known after the start; nothing is left).",
-    "409": "On create: the host's pids budget is spent by the sandboxes it runs (destroy some, or ask "
-    "for a smaller pids_max); nothing is made.",
+# The JSON Schema of each syntax a create option's strings have (sandbox_rt.options declares which)
+_SYNTAX_DOCS: dict[str, dict[str, Any]] = {
+    "host_name": {"pattern": HOSTNAME_PATTERN},
+    "label_map": _LABELS_DOC,
+    "destinations": {"items": _EGRESS_ITEMS},
+    "snapshot_name": {"pattern": SNAPSHOT_NAME_PATTERN},
+    "template_name": {"pattern": TEMPLATE_PATTERN},
+    "node_name": {"pattern": exact(NODE_NAME.pattern)},
 }
+# what the server's policy (sandbox_rt.policy.DoorPolicy) says of an option it governs
+_POLICY_TEXT = {
+    "cap": "0 or more than the host's default is 403 policy_denied unless the server runs with "
+    "--allow-uncapped.",
+    "root": "403 policy_denied unless the server runs with --allow-root.",
+}
+_BOUNDS = {
+    "minimum": "minimum",
+    "maximum": "maximum",
+    "exclusive_minimum": "exclusiveMinimum",
+    "max_items": "maxItems",
+}
+_MOUNTS_DOC: dict[str, Any] = {
+    "maxProperties": MAX_MOUNTS,
+    "propertyNames": {"maxLength": MAX_PATH, "pattern": MOUNT_PATH_PATTERN},
+}
+
+
+def _mounts(wire: dict[str, VolumeSource] | None) -> list[VolumeMount] | None:
+    return None if wire is None else mounts_from_wire({p: src.model_dump() for p, src in wire.items()})
+
+
+def _create_field(opt: Option) -> tuple[Any, Any]:
+    """(type, FieldInfo) of one create option in the request body, from its declaration."""
+    text = " ".join(t for t in (opt.doc, _POLICY_TEXT.get(opt.policy or "")) if t) or None
+    field = Field(default=opt.default_at("http"), description=text)
+    if opt.kind == "mounts":
+        mounts = Annotated[dict[str, VolumeSource] | None, AfterValidator(_mounts)]
+        return mounts, Field(default=None, description=text, json_schema_extra=_MOUNTS_DOC)
+    bounds = {key: getattr(opt, attr) for attr, key in _BOUNDS.items() if getattr(opt, attr) is not None}
+    kind = Kind(opt.kind, nullable=opt.nullable, **bounds, **_SYNTAX_DOCS.get(opt.syntax or "", {}))
+    return Annotated[Any, kind], field
+
+
+def create_request_model(options: Sequence[Option]) -> type[RequestBody]:
+    """The body of ``POST /v1/sandboxes``: every create option the HTTP API takes, each optional,
+    checked for its JSON kind and documented with its bounds (the runtime checks the values)."""
+    exclusions: list[Any] = [not_both(other, o.name) for o in options for other in o.excludes]
+    config = ConfigDict(
+        extra="forbid",
+        json_schema_extra=exclusions[0]
+        if len(exclusions) == 1
+        else {"allOf": exclusions}
+        if exclusions
+        else None,
+    )
+    base = type("CreateBody", (RequestBody,), {"model_config": config, "__module__": __name__})
+    fields: dict[str, Any] = {opt.name: _create_field(opt) for opt in options}
+    return create_model(
+        "CreateSandboxRequest",
+        __base__=base,
+        __doc__="The arguments of sandbox_rt.Manager.create(); every field is optional.",
+        __module__=__name__,
+        **fields,
+    )
+
+
+CreateSandboxRequest: type[RequestBody] = create_request_model(door_options("http"))
 
 
 class ExecRequest(RequestBody):
@@ -362,29 +316,33 @@ class TemplateList(Answer):
     templates: list[str] = Field(description=f"The names create takes, {DEFAULT_TEMPLATE!r} first.")
 
 
-class SandboxInfo(Answer):
-    """A list entry: what the engine knows without connecting to the sandbox."""
-
+class _ListedRecord(Answer):
     id: str = _SANDBOX_ID
     hostname: str
     ip: str
     backend: str = Field(examples=["lxc", "proxmox"])
     created_at: float = Field(description="Unix time")
     expires_at: float | None
-    labels: dict[str, str]
-    cpus: float
-    memory_mb: int
-    disk_gb: int
-    pids_max: int
-    net_mbps: int
-    disk_mbps: int
-    disk_iops: int
-    root: bool = Field(description="Made with root=True (commands may run as root).")
-    template: str
 
 
-class SandboxList(Answer):
-    sandboxes: list[SandboxInfo]
+def list_entry_model(options: Sequence[Option]) -> type[BaseModel]:
+    """A list entry: the record's identity, and the create options it lists (their declaration's
+    ``listed``), as the spec holds them."""
+    fields: dict[str, Any] = {
+        o.name: (JSON_TYPES[o.kind], Field(description=o.listed_doc)) for o in options if o.listed
+    }
+    return create_model(
+        "SandboxInfo",
+        __base__=_ListedRecord,
+        __doc__="A list entry: what the engine knows without connecting to the sandbox.",
+        __module__=__name__,
+        **fields,
+    )
+
+
+SandboxInfo = list_entry_model(all_options())  # typed as a BaseModel: its fields are generated
+_ENTRIES: Any = list[SandboxInfo]  # type: ignore[valid-type]
+SandboxList: type[BaseModel] = create_model("SandboxList", __base__=Answer, sandboxes=(_ENTRIES, ...))
 
 
 class _ExecSummary(Answer):

@@ -28,11 +28,12 @@ from collections.abc import Callable
 from ..api_token import TOKEN_ENV, check_token, is_loopback, load_token
 from ..errors import ConfigError
 from ..policy import DoorPolicy
+from ..protocols import ManagerLike, SandboxLike
 from .app import build_app
 from .errors import HttpError
 from .limits import HTTP_LIMITS, HttpLimits
 from .params import Context
-from .runtime import ManagerLike, SandboxCache, SandboxLike
+from .runtime import SandboxCache
 from .transport import HttpService, Site
 
 __all__ = [

@@ -12,8 +12,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..errors import SandboxError
+from ..protocols import ExecStreamLike
 from .errors import HttpError, error_for
-from .runtime import ExecStreamLike
 
 __all__ = ["SSE_SCHEMA", "SSE_TEXT", "exec_events"]
 

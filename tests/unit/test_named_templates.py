@@ -72,6 +72,9 @@ def test_a_bad_map_in_env_is_a_config_error(tmp_path: Path) -> None:
 def test_bad_template_names(name: Any) -> None:
     with pytest.raises(ConfigError, match="template name"):
         check_template_name(name)
+    if name is None:  # the declared meaning of None (sandbox_rt.options): the default template
+        assert make_spec(template=name).template == DEFAULT_TEMPLATE
+        return
     with pytest.raises(ConfigError, match="template name"):
         make_spec(template=name)
 

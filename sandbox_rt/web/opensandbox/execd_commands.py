@@ -25,10 +25,10 @@ from fastapi.responses import StreamingResponse
 
 from ...errors import ConfigError, ProcessNotFound
 from ...execution import command_text
+from ...protocols import ProcessLike
 from ...validation import check_env, check_remote_path
 from ..errors import HttpError
 from ..params import Context, Ctx, SandboxId, json_body
-from ..runtime import ProcessLike
 from . import state
 from .execd_models import RunCommandRequest
 from .execd_registry import CommandRecord, Reg, Registry

@@ -8,20 +8,15 @@ already holds: no agent runs in the sandbox, nothing is read or written on the h
 from __future__ import annotations
 
 import errno
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, cast
 
 from fastapi import APIRouter, Depends
 
 from ...errors import FileOperationError
-from ...models import ExecResult, SandboxStatus
+from ...models import ExecResult
+from ...protocols import SandboxLike
 from ..bodies import strict_query
 from ..params import Context
-from ..runtime import CommandsLike, ExecStreamLike, FilesLike
 from . import state
-
-if TYPE_CHECKING:
-    from ...sandbox import Sandbox
 
 __all__ = [
     "EGRESS_PREFIX",
@@ -53,62 +48,13 @@ def execd_router(prefix: str = EXECD_PREFIX) -> APIRouter:
     return APIRouter(prefix=prefix, dependencies=[Depends(strict_query)])
 
 
-class ExecdSandbox(Protocol):
-    """What execd uses of a sandbox (``sandbox_rt.Sandbox`` fits; the unit tests' fakes too)."""
-
-    @property
-    def id(self) -> str: ...
-
-    def exec(
-        self,
-        command: str | list[str],
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-        max_output: int = ...,
-        user: str | None = None,
-    ) -> ExecResult: ...
-
-    def exec_stream(
-        self,
-        command: str | list[str],
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        max_output: int = ...,
-        user: str | None = None,
-    ) -> ExecStreamLike: ...
-
-    def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None: ...
-
-    def read_file(self, path: str, *, max_bytes: int = ...) -> bytes: ...
-
-    def set_internet(self, enabled: bool) -> None: ...
-
-    def set_egress(self, egress: Sequence[str]) -> tuple[str, ...]: ...
-
-    @property
-    def files(self) -> FilesLike: ...
-
-    @property
-    def commands(self) -> CommandsLike: ...
-
-    def status(self) -> SandboxStatus: ...
-
-
-if TYPE_CHECKING:  # mypy proves the runtime's Sandbox fits
-
-    def _fits(sb: Sandbox) -> ExecdSandbox:
-        return sb
+# what execd uses of a sandbox: the one protocol of every door (sandbox_rt.protocols)
+ExecdSandbox = SandboxLike
 
 
 def sandbox_of(ctx: Context, sandbox_id: str) -> ExecdSandbox:
     """The attached sandbox ``sandbox_id`` (SandboxNotFound, SandboxError if it is not running)."""
-    # the shared cache hands out SandboxLike; the runtime's Sandbox has what execd uses too (above)
-    return cast("ExecdSandbox", ctx.cache.get(sandbox_id))
+    return ctx.cache.get(sandbox_id)
 
 
 # what a command's stderr says -> (errno, how we say it); the first line that matches wins

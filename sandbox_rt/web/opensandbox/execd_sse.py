@@ -24,7 +24,7 @@ from typing import Any
 
 from ...errors import CommandTimeout, SandboxError
 from ...models import ExecResult, OutputChunk
-from ..runtime import ExecStreamLike
+from ...protocols import ExecStreamLike
 from .execd_registry import Registry
 
 __all__ = ["SSE_MEDIA_TYPE", "After", "command_events", "complete_event", "frame", "init_event", "now_ms"]

@@ -32,10 +32,11 @@ from fastapi.responses import JSONResponse
 from ...errors import BackendError, ConfigError, SandboxError, SandboxNotFound, SnapshotNotFound
 from ...models import SandboxRecord
 from ...pool import POOL_LABEL
+from ...protocols import ManagerLike, VolumeRuntime
 from ..bodies import strict_query
 from ..errors import HttpError
 from ..params import Ctx, SandboxId, SnapshotName, json_body
-from ..runtime import ManagerLike, VolumeRuntime, quiet_close
+from ..runtime import quiet_close
 from . import state
 from .lifecycle_models import (
     CreateSandboxBody,
@@ -126,13 +127,15 @@ def create_sandbox(
     body: Annotated[CreateSandboxBody, Depends(json_body(CreateSandboxBody, "create"))],
 ) -> JSONResponse:
     plan = plan_create(body, rt.templates())
-    ctx.policy.check_create(plan.kwargs)  # the dialect asks neither root nor caps; checked all the same
+    # what the dialect may set (its defaults added: detached); the policy, though it asks neither
+    # root nor caps, checked all the same
+    kwargs = ctx.policy.admit(plan.kwargs, "opensandbox")
     if plan.new_volumes:
         if not isinstance(rt, VolumeRuntime):
             raise HttpError(501, "not_implemented", "this server's runtime has no volumes")
         for name in plan.new_volumes:
             rt.volumes.ensure(name)  # pvc.createIfNotExists; it outlives the sandbox
-    sb = rt.create(**plan.kwargs)
+    sb = rt.create(**kwargs)
     try:
         pid = None
         if plan.starts_entrypoint:

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from ...errors import ConfigError
 from ...manager import PAUSED_STATES
 from ...models import VolumeMount
-from ...validation import MAX_TTL_S, check_env, make_spec
+from ...validation import MAX_TTL_S, check_env, check_labels
 from ...volumes import check_mounts, check_volume_name
 from .egress_policy import Rule, to_egress
 from .lifecycle_models import CreateSandboxBody, NetworkPolicyBody, PlatformBody, Status, VolumeBody
@@ -182,7 +182,7 @@ def check_metadata(labels: Mapping[str, str], field: str = "metadata") -> dict[s
         if key.startswith(RESERVED_PREFIXES):
             raise ConfigError(f"{field} key {key!r} is reserved ({' and '.join(RESERVED_PREFIXES)} keys)")
     try:
-        return dict(make_spec(labels=labels).labels)
+        return check_labels(labels)
     except ConfigError as exc:
         raise ConfigError(f"{field}: {exc}") from None
 
@@ -221,7 +221,7 @@ def plan_create(body: CreateSandboxBody, templates: Sequence[str]) -> CreatePlan
         _check_platform(body.platform)
     if (body.image is None) == (body.snapshot_id is None):
         raise ConfigError("give exactly one of the fields 'image' (a template name) and 'snapshotId'")
-    kwargs: dict[str, Any] = {"detached": True}  # lives by its TTL, not by this server process
+    kwargs: dict[str, Any] = {}  # detached: the dialect's default (it lives by its TTL, not by the server)
     image: str | None = None
     if body.image is not None:
         if body.image.auth is not None:
