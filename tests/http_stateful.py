@@ -25,9 +25,17 @@ from schemathesis.generation.stateful import run_state_machine_as_test
 from schemathesis.generation.stateful.state_machine import StepInput, StepOutput
 from schemathesis.schemas import BaseSchema
 
-from tests.http_contract import check_answer, whole_number
+from tests.http_contract import SEED_ENV, check_answer, whole_number
 
-__all__ = ["SCENARIOS_ENV", "STEPS_ENV", "StatefulBudget", "StatefulRun", "run_stateful", "stateful_budget"]
+__all__ = [
+    "SCENARIOS_ENV",
+    "STEPS_ENV",
+    "StatefulBudget",
+    "StatefulRun",
+    "replay_seed",
+    "run_stateful",
+    "stateful_budget",
+]
 
 SCENARIOS_ENV = "SANDBOX_RT_FUZZ_SCENARIOS"  # stateful scenarios (chains of linked calls); default: quick
 STEPS_ENV = "SANDBOX_RT_FUZZ_STEPS"  # calls per stateful scenario at most; default: quick
@@ -45,6 +53,13 @@ def stateful_budget(scenarios: int, steps: int) -> StatefulBudget:
     run (opt-in, e.g. nightly); else the quick defaults given, which CI runs."""
     full = bool(os.environ.get(SCENARIOS_ENV, "").strip())
     return StatefulBudget(whole_number(SCENARIOS_ENV, scenarios), whole_number(STEPS_ENV, steps), full)
+
+
+def replay_seed(run: int) -> int | None:
+    """The seed of the ``run``-th stateful run when ``$SANDBOX_RT_FUZZ_SEED`` replays a failure (that seed
+    plus ``run``), else None: each run draws afresh."""
+    base = os.environ.get(SEED_ENV, "").strip()
+    return None if not base else int(base) + run
 
 
 @dataclass
@@ -66,11 +81,16 @@ def run_stateful(
     steps: int,
     timeout: float,
     teardown: Callable[[], None] | None = None,
+    seed: int | None = None,
 ) -> StatefulRun:
     """``scenarios`` chains of at most ``steps`` calls, from an operation that makes something along the
     document's links (``schema`` from ``load_published_schema(..., stateful=True)``), each answer held by
     :func:`check_answer`, none a success on a sandbox the scenario destroyed; ``teardown`` after each
-    scenario. Raises what a check raises."""
+    scenario. Raises what a check raises.
+
+    Each run draws afresh (``seed``: replays one run), also where ``$CI`` makes Hypothesis load its "ci"
+    profile, which derandomizes: there every run drew the same chains, so repeating runs until the links
+    had reached every route repeated the first run's reach (CI's failure of stop 43)."""
     log = StatefulRun([])
     machine: Any = schema.as_state_machine()
 
@@ -115,8 +135,11 @@ def run_stateful(
         phases=[hypothesis.Phase.generate],  # no shrinking: a failure is reported as it happened
         deadline=None,
         database=None,
+        derandomize=False,
         suppress_health_check=list(hypothesis.HealthCheck),
     )
+    if seed is not None:
+        hypothesis.seed(seed)(ContractWorkflow)
     for _ in range(_FLAKY_RESTARTS + 1):
         try:
             run_state_machine_as_test(ContractWorkflow, settings=settings)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+import hypothesis
 import pytest
 from schemathesis.schemas import BaseSchema
 from test_http_api import TOKEN
@@ -23,11 +24,12 @@ from test_http_contract import (  # noqa: F401 (fixtures)
 )
 
 from tests.http_contract import Steering, load_published_schema
-from tests.http_stateful import run_stateful, stateful_budget
+from tests.http_stateful import replay_seed, run_stateful, stateful_budget
 
 # chains of linked calls: quick, rounds of 20 (about 3 s each) until the links reached every route they lead
-# to (measured: 3-6 rounds; CI's rehearsal once missed in 10, on a busy host), at most ROUNDS: the walk is
-# random, so the bound is far above the typical count and costs time only when the links really fail;
+# to (measured: 3-6 rounds), at most ROUNDS: the walk is random (each round its own draws, also under
+# Hypothesis' "ci" profile), so the bound is far above the typical count and costs time only when the links
+# really fail;
 # $SANDBOX_RT_FUZZ_SCENARIOS: one run of that many, in full
 STATEFUL = stateful_budget(20, 15)
 ROUNDS = 1 if STATEFUL.full else 40
@@ -100,15 +102,39 @@ def test_the_stateful_fuzzer_follows_the_links_to_the_process_routes(
     sandbox a create made and of a background command a start made (with the pid it answered). Without
     links (the document before issue 35) there is no chain at all: Schemathesis finds no transition."""
     reached: set[str] = set()
-    for _ in range(ROUNDS):
+    for n in range(ROUNDS):
         run = run_stateful(
             stateful_schema,
             scenarios=STATEFUL.scenarios,
             steps=STATEFUL.steps,
             timeout=10,
             teardown=contract.manager.reset,
+            seed=replay_seed(n),
         )
         reached |= run.reached()
         if reached >= PROCESS_ROUTES | SANDBOX_ROUTES:
             break
     assert reached >= PROCESS_ROUTES | SANDBOX_ROUTES, (PROCESS_ROUTES | SANDBOX_ROUTES) - reached
+
+
+def test_each_stateful_run_draws_afresh_under_the_ci_profile(
+    stateful_schema: BaseSchema,
+    contract: Contract,  # noqa: F811
+) -> None:
+    """Where $CI is set Hypothesis loads its "ci" profile, which derandomizes: before the fix every run drew
+    the same chains, so the rounds above repeated the first one's reach and CI failed (stop 43)."""
+    previous = hypothesis.settings._current_profile
+    hypothesis.settings.load_profile("ci")
+    try:
+        runs = [
+            tuple(
+                (op, link)
+                for op, _, link in run_stateful(
+                    stateful_schema, scenarios=4, steps=6, timeout=10, teardown=contract.manager.reset
+                ).calls
+            )
+            for _ in range(3)
+        ]
+    finally:
+        hypothesis.settings.load_profile(previous or "default")
+    assert len(set(runs)) > 1, runs[0]
