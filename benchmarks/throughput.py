@@ -184,6 +184,7 @@ class _Phase:
         busy0, kernel0, total0 = _cpu_jiffies()
         own0, kids0 = _own_cpu()
         forks0 = _forks()
+
         def sample_cpu() -> None:
             busy1, kernel1, total1 = _cpu_jiffies()
             own1, kids1 = _own_cpu()

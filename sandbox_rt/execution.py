@@ -22,6 +22,7 @@ Command = str | Sequence[str]
 # regexes are ECMA-262's, whose \s differs from Python's str.strip())
 COMMAND_BLANKS = " \t\n\r\f\v"
 
+
 def command_text(command: Command) -> str:
     """A string runs in the sandbox's bash as written; a list is quoted exactly, word by word."""
     if isinstance(command, str):

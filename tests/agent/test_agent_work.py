@@ -65,9 +65,7 @@ def file_server(site_net: SimNet, tmp_path: Path) -> Iterator[str]:
 
 def _run(t: checks.Target, command: str) -> str:
     r = t.sb.exec(command, timeout=300)
-    assert r.exit_code == 0, (
-        f"{command!r}: exit {r.exit_code}\n{r.text[-2000:]}\n{r.stderr_text[-3000:]}"
-    )
+    assert r.exit_code == 0, f"{command!r}: exit {r.exit_code}\n{r.text[-2000:]}\n{r.stderr_text[-3000:]}"
     return r.text
 
 

@@ -196,9 +196,10 @@ def test_manager_from_env_makes_nested_unprivileged_sandboxes_on_the_node(
 
 def test_a_sandbox_of_the_named_template_on_the_node(node: PVENode, manager: Manager) -> None:
     assert manager.templates() == ["default", "base"]
-    with manager.create(labels=LABELS, memory_mb=256, template="base") as sb, manager.create(
-        labels=LABELS, memory_mb=256
-    ) as plain:
+    with (
+        manager.create(labels=LABELS, memory_mb=256, template="base") as sb,
+        manager.create(labels=LABELS, memory_mb=256) as plain,
+    ):
         assert sb.status().template == "base"
         assert sb.exec("command -v gcc").exit_code == 1 and plain.exec("command -v gcc").exit_code == 0
         out = sb.exec("id -u; grep -E '^(NoNewPrivs|Seccomp):' /proc/1/status | cut -f2").stdout.decode()
@@ -324,10 +325,14 @@ def test_raw_keys_confine_the_template_and_every_clone(node: PVENode, manager: M
         assert root.nodes(node.spec.name).lxc(vmid).config.get()["lxc"] == template  # the clone's own
         lxc_conf = in_node(node, "cat", f"/var/lib/lxc/{vmid}/config").splitlines()
         assert lxc_conf[-len(template) :] == [f"{key} = {value}" for key, value in template]
-        out = sb.exec(
-            "cat /proc/1/comm; grep -E '^(NoNewPrivs|Seccomp|CapBnd):' /proc/1/status | cut -f2; "
-            "cat /proc/sys/user/max_user_namespaces; ip -4 -o addr show eth0 | cut -d' ' -f7"
-        ).stdout.decode().split()
+        out = (
+            sb.exec(
+                "cat /proc/1/comm; grep -E '^(NoNewPrivs|Seccomp|CapBnd):' /proc/1/status | cut -f2; "
+                "cat /proc/sys/user/max_user_namespaces; ip -4 -o addr show eth0 | cut -d' ' -f7"
+            )
+            .stdout.decode()
+            .split()
+        )
         comm, bounding, nnp, seccomp, userns, address = out  # (status lists CapBnd first)
         assert (comm, nnp, seccomp, userns) == ("tini", "1", "2", "0"), out  # sandbox-init; the hook
         assert not int(bounding, 16) & (1 << 12 | 1 << 13 | 1 << 21), bounding  # no net_admin/raw, sys_admin

@@ -129,7 +129,10 @@ def test_names_that_start_with_a_digit_are_names(settings: Settings, make_lxc) -
 
 
 def test_a_failing_change_keeps_the_old_rules_and_spares_the_others(
-    settings: Settings, lxc_manager: Manager, make_lxc, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+    settings: Settings,
+    lxc_manager: Manager,
+    make_lxc,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
     a = make_lxc(memory_mb=256, egress=["a.example", "192.0.2.0/24"])
     b = make_lxc(memory_mb=256, egress=["b.example", "198.51.100.0/24"])
@@ -167,7 +170,10 @@ def test_a_failing_change_keeps_the_old_rules_and_spares_the_others(
 
 
 def test_gc_collects_network_state_a_failed_destroy_left(
-    settings: Settings, lxc_manager: Manager, make_lxc, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+    settings: Settings,
+    lxc_manager: Manager,
+    make_lxc,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
     sb = make_lxc(memory_mb=256, egress=["a.example"])
     state: NetState = lxc_manager.backend.netstate  # type: ignore[attr-defined]
