@@ -88,7 +88,6 @@ def write(role: Path) -> None:
     skipping = False
     key, deeper = OPTION_INDENT + "  ", OPTION_INDENT + "   "  # an option's own keys; anything under them
     for line in lines:
-        stripped = line.strip()
         option = OPTION.match(line)
         if option:
             current = option["name"]

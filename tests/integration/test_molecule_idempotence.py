@@ -34,7 +34,8 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 def _throwaway_project(dest: Path) -> None:
     shutil.copytree(ROOT / "roles" / SCENARIO, dest / "roles" / SCENARIO)
-    shutil.copytree(ROOT / "roles" / "sandbox_host_vars", dest / "roles" / "sandbox_host_vars")  # its dependency
+    shared = "sandbox_host_vars"  # the role's dependency
+    shutil.copytree(ROOT / "roles" / shared, dest / "roles" / shared)
     shutil.copytree(ROOT / "molecule" / SCENARIO, dest / "molecule" / SCENARIO)
     shutil.copytree(ROOT / "molecule" / "shared", dest / "molecule" / "shared")
     with (dest / "roles" / SCENARIO / "tasks" / "main.yml").open("a") as tasks:

@@ -120,7 +120,9 @@ def playbook_tasks_from() -> list[tuple[str, str, str]]:
 
 def docs_tasks_from() -> list[tuple[str, str]]:
     docs = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *ROLES.glob("*/README.md")]
-    return [(str(p.relative_to(REPO)), m) for p in sorted(docs) for m in DOC_TASKS_FROM.findall(p.read_text())]
+    return [
+        (str(p.relative_to(REPO)), m) for p in sorted(docs) for m in DOC_TASKS_FROM.findall(p.read_text())
+    ]
 
 
 USED = playbook_tasks_from()
@@ -178,7 +180,9 @@ def _task_files(role: Path) -> list[Path]:
     return sorted((role / "tasks").rglob("*.yml"))
 
 
-@pytest.mark.parametrize("role", sorted(p for p in ROLES.iterdir() if (p / "tasks").is_dir()), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "role", sorted(p for p in ROLES.iterdir() if (p / "tasks").is_dir()), ids=lambda p: p.name
+)
 def test_includes_name_files_relative_to_the_tasks_directory(role: Path) -> None:
     for path in _task_files(role):
         for name in includes(path):

@@ -76,11 +76,16 @@ def test_no_role_or_playbook_restates_another_roles_default() -> None:
 
 
 def test_a_restated_default_is_found(tmp_path: Path) -> None:
-    for role, text in {"a": "a_path: /x\n", "b": "b_path: \"{{ (a_path | default('/y')) ~ '/b' }}\"\n"}.items():
+    for role, text in {
+        "a": "a_path: /x\n",
+        "b": "b_path: \"{{ (a_path | default('/y')) ~ '/b' }}\"\n",
+    }.items():
         (tmp_path / role / "defaults").mkdir(parents=True)
         (tmp_path / role / "defaults" / "main.yml").write_text(text)
     (tmp_path / "b" / "tasks").mkdir()
-    (tmp_path / "b" / "tasks" / "main.yml").write_text("x: \"{{ b_path | default('') }} {{ a_path|default('/z') }}\"\n")
+    (tmp_path / "b" / "tasks" / "main.yml").write_text(
+        "x: \"{{ b_path | default('') }} {{ a_path|default('/z') }}\"\n"
+    )
     assert every_foreign_fallback(tmp_path, books=[]) == [
         "roles/b/defaults/main.yml:1: a_path (roles/a)",
         "roles/b/tasks/main.yml:1: a_path (roles/a)",
@@ -96,7 +101,9 @@ def _reads(role: Path, names: set[str]) -> set[str]:
     return {w for path in role_files(role) for w in WORD.findall(path.read_text(errors="replace"))} & names
 
 
-@pytest.mark.parametrize("role", sorted(p for p in ROLES_DIR.iterdir() if p.name != SHARED), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "role", sorted(p for p in ROLES_DIR.iterdir() if p.name != SHARED), ids=lambda p: p.name
+)
 def test_a_role_that_reads_a_shared_variable_depends_on_the_shared_role(role: Path) -> None:
     shared = set(_role_defaults(ROLES_DIR / SHARED))
     read = _reads(role, shared)
