@@ -13,6 +13,7 @@ way round.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ import yaml
 
 ROLES = Path(__file__).resolve().parents[1] / "roles"
 OPTION_INDENT = " " * 6  # options of the main entry point: argument_specs.main.options.<name>
+# An option's name line, with the YAML anchor the other entry points' aliases name (`<name>: &<name>`).
+OPTION = re.compile(rf"^{OPTION_INDENT}(?P<name>[A-Za-z0-9_]+):( &[A-Za-z0-9_]+)?$")
 
 
 def _defaults(role: Path) -> dict[str, Any]:
@@ -85,9 +88,9 @@ def write(role: Path) -> None:
     skipping = False
     key, deeper = OPTION_INDENT + "  ", OPTION_INDENT + "   "  # an option's own keys; anything under them
     for line in lines:
-        stripped = line.strip()
-        if line.startswith(OPTION_INDENT) and not line.startswith(key[:-1]) and stripped.endswith(":"):
-            current = stripped[:-1]
+        option = OPTION.match(line)
+        if option:
+            current = option["name"]
         elif line.startswith(key + "default:") and not line.startswith(deeper):
             skipping = True  # rewritten after the type line (with its block lines, below)
             continue

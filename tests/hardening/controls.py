@@ -73,7 +73,7 @@ _LXC_BACKEND = _LXC + "backend.py"
 _LXC_IDENTITY = "sandbox_rt/backends/lxc/identity.py"
 _LXC_CGROUPS = "sandbox_rt/backends/lxc/cgroups.py"
 _SECCOMP = "roles/template_build/files/sandbox.seccomp"
-_PVE_RAW = "roles/template_build/tasks/proxmox_confine.yml (PVE: raw lxc.* keys)"
+_PVE_RAW = "roles/template_build/tasks/proxmox/confine.yml (PVE: raw lxc.* keys)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,7 +350,8 @@ CONTROLS: tuple[Control, ...] = (
        ("7.ct.nesting",), _LXC_CONF + " (mount.auto cgroup:ro)"),
     _c("SBX-ESC-13", "AppArmor profile lxc-container-default-cgns",
        "where AppArmor is enabled: PID 1 is confined by it (waived where the kernel has no AppArmor)",
-       ("7.sec.apparmor",), _LXC_CONF + " (lxc.apparmor.profile)", "roles/template_build/tasks/config.yml"),
+       ("7.sec.apparmor",), _LXC_CONF + " (lxc.apparmor.profile)",
+       "roles/template_build/tasks/lxc/config.yml"),
     _c("SBX-ESC-14", "second lock: no user namespaces even without the filter",
        "user.max_user_namespaces is 0 inside the sandbox (a start-host hook sets it in the sandbox's "
        "user namespace; on PVE the CT setup mount hook); neither the user nor container root can raise "

@@ -1,9 +1,10 @@
 """Molecule's idempotence step catches a non-idempotent role.
 
-A throw-away copy of the project (the sandbox_runtime role and its scenario, molecule/sandbox_runtime)
-gets one task appended to the role, ``ansible.builtin.command: date`` without ``changed_when``. The
-unmodified scenario passes in scripts/molecule.sh; with the injected task, ``molecule test`` must
-converge fine, then fail at the idempotence step naming that task, and still destroy what it made.
+A throw-away copy of the project (the sandbox_runtime role, the sandbox_host_vars role it depends on,
+and its scenario, molecule/sandbox_runtime) gets one task appended to the role,
+``ansible.builtin.command: date`` without ``changed_when``. The unmodified scenario passes in
+scripts/molecule.sh; with the injected task, ``molecule test`` must converge fine, then fail at the
+idempotence step naming that task, and still destroy what it made.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 def _throwaway_project(dest: Path) -> None:
     shutil.copytree(ROOT / "roles" / SCENARIO, dest / "roles" / SCENARIO)
+    shared = "sandbox_host_vars"  # the role's dependency
+    shutil.copytree(ROOT / "roles" / shared, dest / "roles" / shared)
     shutil.copytree(ROOT / "molecule" / SCENARIO, dest / "molecule" / SCENARIO)
     shutil.copytree(ROOT / "molecule" / "shared", dest / "molecule" / "shared")
     with (dest / "roles" / SCENARIO / "tasks" / "main.yml").open("a") as tasks:

@@ -24,11 +24,14 @@ from tests.integration.provision_helpers import REPO, run_playbook
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (nft -c)")
 
 ROLE = REPO / "roles" / "sandbox_network"
+SHARED = REPO / "roles" / "sandbox_host_vars"  # the bridge, the network, the table names
 
 
 def _render(tmp_path: Path, **overrides: Any) -> str:
     defaults: dict[str, Any] = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    shared: dict[str, Any] = yaml.safe_load((SHARED / "defaults" / "main.yml").read_text())
     values = {
+        **shared,
         **defaults,
         "ansible_managed": "test",
         "sandbox_bridge_address": "10.99.0.1",

@@ -42,6 +42,7 @@ def _play(path: Path, *, enabled: bool) -> None:
         "sandbox_runtime_ssh_key": f"{CONFIG}/ssh/id_ed25519",
         "sandbox_runtime_backend": "lxc",
         "sandbox_runtime_lxc_path": LXC_PATH,
+        "lxc_host_storage": "dir",  # a plain directory, not the btrfs storage site.yml makes: no disk limits
         "sandbox_runtime_net_state_dir": "/var/lib/sandbox_rt-services-test/net",
         "sandbox_runtime_python": str(REPO / ".venv" / "bin" / "python"),
         "sandbox_runtime_reaper_interval": 1,

@@ -86,7 +86,7 @@ def test_checklist_matches_the_seed_guide_when_present() -> None:
 
 def test_role_task_ids_are_in_the_catalogue() -> None:
     used: set[str] = set()
-    for path in (REPO / "roles").glob("*/tasks/*.yml"):
+    for path in (REPO / "roles").glob("*/tasks/**/*.yml"):
         used |= set(re.findall(r"\bSBX-[A-Z]+-\d\d\b", path.read_text()))
     assert used, "no control ids in role task names"
     assert sorted(used - set(controls.BY_ID)) == []

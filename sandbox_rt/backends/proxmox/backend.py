@@ -97,7 +97,7 @@ class ProxmoxBackend(PveFirewall, PveSnapshots):
 
     def prune_templates(self, *, dry_run: bool = False) -> builtins.list[str]:
         """Nothing: the runtime's token may only clone the templates. site.yml removes the older
-        generations once no linked clone uses them (roles/template_build, tasks/proxmox_retire.yml)."""
+        generations once no linked clone uses them (roles/template_build, tasks/proxmox/retire.yml)."""
         return []
 
     def _placing_mb(self) -> dict[str, int]:
