@@ -583,3 +583,34 @@ def test_a_name_too_long_in_bytes_is_the_documented_400(published_schema: BaseSc
 
     send()
     assert statuses and set(statuses) == {400}
+
+
+def test_a_body_the_client_sent_chunked_is_the_documented_411_not_a_rejection(
+    published_schema: BaseSchema, contract: Contract
+) -> None:
+    """A form body that encodes to nothing goes chunked from requests (no Content-Length): the server's 411
+    is its documented framing refusal, which the checks accept; the same data with a length is written
+    (found by the fuzzer, issue 36)."""
+    operation = published_schema["/v1/sandboxes/{id}/files"]["PUT"]
+    answers: list[tuple[int, str, int]] = []
+
+    @settings(max_examples=1, database=None, suppress_health_check=list(HealthCheck), deadline=None)
+    @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
+    def send(case: Case[Any]) -> None:  # a drawn positive case (what the check judges), with this request
+        case.path_parameters = {"id": PLAIN}
+        case.query = {"path": "/tmp/chunked", "mode": "644"}
+        case.media_type = "application/x-www-form-urlencoded"
+        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {TOKEN}"}
+        try:
+            case.body = {"1e100": []}
+            response = call_and_check(case, timeout=10)
+            case.body = {}
+            answers.append(
+                (response.status_code, response.json()["error"]["code"], call_and_check(case).status_code)
+            )
+        finally:
+            contract.manager.reset()
+
+    send()
+    assert answers and answers[0][:2] == (411, "length_required"), answers
+    assert answers[0][2] < 300, answers
