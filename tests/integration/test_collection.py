@@ -99,3 +99,31 @@ def test_a_play_runs_a_role_by_its_fqcn(installed: dict[str, str], tmp_path: Pat
     assert contract["templates"] == {"base": "sandbox-template-base"}
     assert (config / "ssh" / "id_ed25519").stat().st_mode & 0o077 == 0
     assert sandbox_rt.Settings.load(config / "host.json", env={}).template_names() == ["default", "base"]
+
+
+def _standalone_plays() -> list[dict[str, object]]:
+    """The stand-alone plays docs/collection.md shows (its first YAML block)."""
+    text = (REPO / "docs" / "collection.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    plays: list[dict[str, object]] = yaml.safe_load(block)
+    assert [p["hosts"] for p in plays] == ["sandbox_hosts", "sandbox_hosts"]
+    return plays
+
+
+def test_the_documented_standalone_plays_change_nothing_on_a_provisioned_host(
+    installed: dict[str, str], tmp_path: Path
+) -> None:
+    """docs/collection.md's plays, each role alone from the installed collection, on this host as
+    site.yml provisioned it (its inventory's variables, the docs' group named as that inventory names
+    its hosts): ``--check --diff`` reports nothing to change. Before the shared host variables, the
+    stand-alone sandbox_runtime would have turned host.json's disk_limits from true to false."""
+    plays = [{**p, "hosts": "sandbox_hosts_local"} for p in _standalone_plays()]
+    play = tmp_path / "standalone.yml"
+    play.write_text(yaml.safe_dump(plays))
+    before = (Path("/etc/sandbox_rt") / "host.json").read_bytes()
+    argv = [str(BIN / "ansible-playbook"), "-i", str(REPO / "inventories" / "local"), str(play)]
+    out = _run(*argv, "--check", "--diff", env=installed, cwd=tmp_path)
+    recap = out.rsplit("PLAY RECAP", 1)[1]
+    assert "localhost" in recap and "changed=0" in recap and "failed=0" in recap, out[-4000:]
+    assert "ok=" in recap and " ok=0 " not in recap  # the roles ran, not a play that matched nothing
+    assert (Path("/etc/sandbox_rt") / "host.json").read_bytes() == before
