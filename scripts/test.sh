@@ -44,7 +44,7 @@ fi
 
 t0=$SECONDS
 set +e
-python -m pytest "${marker[@]}" -p no:cacheprovider --durations=15 "$@" 2>&1 | tee .pytest.log
+python -m tests.lanes "${marker[@]}" -p no:cacheprovider --durations=15 "$@" 2>&1 | tee .pytest.log
 rc=${PIPESTATUS[0]}
 set -e
 stage_names+=(pytest)
