@@ -119,8 +119,10 @@ def ct_config_values(t: Target, key: str) -> list[str]:
 
 @functools.cache
 def role_defaults(role: str) -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())
-    return data
+    """The role's defaults over the shared host variables (roles/sandbox_host_vars), as the role sees them."""
+    shared = yaml.safe_load((REPO / "roles" / "sandbox_host_vars" / "defaults" / "main.yml").read_text())
+    own = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())
+    return {**shared, **own}
 
 
 def host_run(*cmd: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

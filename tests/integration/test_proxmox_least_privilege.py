@@ -33,7 +33,11 @@ from sandbox_rt.validation import make_spec
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULTS = yaml.safe_load((REPO / "roles" / "proxmox_access" / "defaults" / "main.yml").read_text())
+# the role's defaults over the shared host variables (roles/sandbox_host_vars), as the role sees them
+DEFAULTS = {
+    **yaml.safe_load((REPO / "roles" / "sandbox_host_vars" / "defaults" / "main.yml").read_text()),
+    **yaml.safe_load((REPO / "roles" / "proxmox_access" / "defaults" / "main.yml").read_text()),
+}
 PRIVILEGES: list[str] = list(DEFAULTS["proxmox_access_privileges"])
 TEMPLATE_PRIVILEGES: list[str] = list(DEFAULTS["proxmox_access_template_privileges"])
 AUDIT_PRIVILEGES: list[str] = list(DEFAULTS["proxmox_access_audit_privileges"])
