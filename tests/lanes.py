@@ -80,21 +80,24 @@ class LaneResult:
 
 
 def _counts(junit: Path) -> dict[str, int]:
+    """The lane's tests by outcome, one per test case of its JUnit report (the suite's ``tests``
+    attribute counts each subtest as a test too, pytest's summary line does not)."""
     if not junit.is_file():
         return {}
-    root = ET.parse(junit).getroot()
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-    total = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    for suite in suites:
-        for key in total:
-            total[key] += int(suite.get(key, "0"))
-    passed = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
-    return {
-        "passed": passed,
-        "failed": total["failures"],
-        "errors": total["errors"],
-        "skipped": total["skipped"],
-    }
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        tags = {child.tag for child in case}
+        kind = (
+            "errors"
+            if "error" in tags
+            else "failed"
+            if "failure" in tags
+            else "skipped"
+            if "skipped" in tags
+            else "passed"
+        )
+        counts[kind] += 1
+    return counts
 
 
 def _command(files: Sequence[str], junit: Path, args: Sequence[str]) -> list[str]:

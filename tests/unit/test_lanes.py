@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,18 @@ def test_the_summary_sums_the_lanes(capsys: pytest.CaptureFixture[str]) -> None:
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == "========== lanes FAILED: 2 failed, 8 passed, 1 skipped in 120.00s =========="
     assert lanes._report([results[0], lanes.LaneResult("apart", 5, 1.0, {})]) == 0
+
+
+def test_a_lane_counts_its_test_cases_not_its_subtests(tmp_path: Path) -> None:
+    """A JUnit report from pytest: the suite's ``tests`` counts the 32 subtests of one test too."""
+    report = tmp_path / "lane.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest" tests="36" failures="1" errors="1" skipped="1">'
+        '<testcase classname="a" name="fuzzed" />'
+        '<testcase classname="a" name="broken"><failure message="x" /></testcase>'
+        '<testcase classname="a" name="setup"><error message="y" /></testcase>'
+        '<testcase classname="a" name="later"><skipped message="z" /></testcase>'
+        "</testsuite></testsuites>"
+    )
+    assert lanes._counts(report) == {"passed": 1, "failed": 1, "errors": 1, "skipped": 1}
+    assert lanes._counts(tmp_path / "missing.xml") == {}
