@@ -138,15 +138,18 @@ def runtime_settings(base: Settings, srv: PVETestServer, secret: str, **fields: 
     )
 
 
+_SESSIONS_TAKEN: set[int] = set()  # the session numbers this process's test servers drew
+
+
 @contextmanager
 def pve_test_server(
     base: Settings, state_dir: Path, engine_prefix: str | None = None
 ) -> Iterator[tuple[Settings, PVETestServer]]:
     # Several test sessions may share this machine's LXC path and bridge: each gets its own
-    # container names (engine prefix) and VMID range (VMIDs name veths and pick addresses); the lanes
-    # of tests/lanes.py (SANDBOX_RT_TEST_LANE, 0-2) draw from ranges of their own, so never collide.
-    lane = int(os.environ.get("SANDBOX_RT_TEST_LANE", "0") or 0) % 3
-    session = 16 * lane + secrets.randbelow(16)
+    # container names (engine prefix) and VMID range (VMIDs name veths and pick addresses); the test
+    # servers of one process never share one (only tests/lanes.py's host lane starts them)
+    session = secrets.choice([n for n in range(50) if n not in _SESSIONS_TAKEN])
+    _SESSIONS_TAKEN.add(session)
     # each named template of the host (base.templates) is a CT template of its own, VMIDs after the
     # default's, whose clones copy that LXC template
     named = {name: TEMPLATE_VMID + 1 + i for i, name in enumerate(sorted(base.templates))}
