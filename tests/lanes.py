@@ -34,7 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LANES_ENV = "SANDBOX_RT_TEST_LANES"  # "1": one pytest process, no lanes
-LANE_ENV = "SANDBOX_RT_TEST_LANE"  # set in each lane's process: its index (tests/pve_env.py reads it)
+LANE_ENV = "SANDBOX_RT_TEST_LANE"  # set in each lane's process: its index (1: host, 2: apart)
 
 # (group, path pattern relative to the repository): the first that matches a test file places it
 RULES: tuple[tuple[str, str], ...] = (
