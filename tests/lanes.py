@@ -34,7 +34,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LANES_ENV = "SANDBOX_RT_TEST_LANES"  # "1": one pytest process, no lanes
-LANE_ENV = "SANDBOX_RT_TEST_LANE"  # set in each lane's process: its index (1: host, 2: apart)
 
 # (group, path pattern relative to the repository): the first that matches a test file places it
 RULES: tuple[tuple[str, str], ...] = (
@@ -104,27 +103,23 @@ def _command(files: Sequence[str], junit: Path, args: Sequence[str]) -> list[str
     return [sys.executable, "-m", "pytest", *args, f"--junitxml={junit}", *files]
 
 
-def _env(index: int) -> dict[str, str]:
-    return {**os.environ, LANE_ENV: str(index)}
-
-
 def run_lanes(args: Sequence[str]) -> int:
     groups = placement(test_files())
     first, *others = LANES
     with tempfile.TemporaryDirectory(prefix="sandbox-rt-lanes-") as scratch:
         work = Path(scratch)
         side: list[tuple[str, subprocess.Popen[bytes], Path, float]] = []
-        for index, name in enumerate(others, start=2):
+        for name in others:
             log = work / f"{name}.log"
             print(f"=== lane {name}: {len(groups[name])} files, output when it ends", flush=True)
             with log.open("wb") as out:
                 command = _command(groups[name], work / f"{name}.xml", args)
-                proc = subprocess.Popen(command, cwd=REPO, env=_env(index), stdout=out, stderr=out)
+                proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=out)
             side.append((name, proc, log, time.monotonic()))
         print(f"=== lane {first}: {len(groups[first])} files", flush=True)
         t0 = time.monotonic()
         command = _command(groups[first], work / f"{first}.xml", args)
-        results = [LaneResult(first, subprocess.call(command, cwd=REPO, env=_env(1)), time.monotonic() - t0)]
+        results = [LaneResult(first, subprocess.call(command, cwd=REPO), time.monotonic() - t0)]
         for name, proc, log, started in side:
             rc = proc.wait()
             results.append(LaneResult(name, rc, time.monotonic() - started))
